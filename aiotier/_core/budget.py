@@ -1,0 +1,87 @@
+"""A byte budget with least-recently-used eviction, for secondary tiers (memory, SSD)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+
+__all__ = ["ByteBudgetLRU"]
+
+
+class ByteBudgetLRU:
+    """Tracks ``key -> size`` in recency order and says what to evict to fit a new entry.
+
+    It never touches the data itself: a tier asks :meth:`admit` which keys must go, drops them,
+    and the accounting here already reflects it.
+    """
+
+    __slots__ = ("_entries", "capacity", "used")
+
+    def __init__(self, capacity: int) -> None:
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
+            raise ValueError(f"capacity_bytes must be a positive int, got {capacity!r}")
+        self.capacity = capacity
+        self.used = 0
+        self._entries: OrderedDict[bytes, int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __iter__(self) -> Iterator[bytes]:
+        """Keys from least to most recently used."""
+        return iter(self._entries)
+
+    def size_of(self, key: bytes) -> int | None:
+        return self._entries.get(key)
+
+    def fits(self, size: int) -> bool:
+        return size <= self.capacity
+
+    def admit(self, key: bytes, size: int) -> list[bytes]:
+        """Account ``key`` as most recent with ``size`` bytes; return the keys evicted for it.
+
+        An existing entry for ``key`` is replaced. Raises ``ValueError`` (changing nothing) when
+        ``size`` alone exceeds the budget.
+        """
+        if size > self.capacity:
+            raise ValueError(f"a {size}-byte entry cannot fit a {self.capacity}-byte budget")
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.used -= old
+        evicted: list[bytes] = []
+        while self.used + size > self.capacity:
+            victim, vsize = self._entries.popitem(last=False)
+            self.used -= vsize
+            evicted.append(victim)
+        self._entries[key] = size
+        self.used += size
+        return evicted
+
+    def touch(self, key: bytes) -> None:
+        if key in self._entries:
+            self._entries.move_to_end(key)
+
+    def discard(self, key: bytes) -> int | None:
+        """Forget ``key``; return its size, or None if it was not tracked."""
+        size = self._entries.pop(key, None)
+        if size is not None:
+            self.used -= size
+        return size
+
+    def load(self, key: bytes, size: int) -> None:
+        """Add an entry as most recent without evicting (index rebuild at start-up)."""
+        self.discard(key)
+        self._entries[key] = size
+        self.used += size
+
+    def over_budget(self) -> list[bytes]:
+        """Evict least-recent entries until within budget (after :meth:`load`); return them."""
+        evicted: list[bytes] = []
+        while self.used > self.capacity and self._entries:
+            victim, vsize = self._entries.popitem(last=False)
+            self.used -= vsize
+            evicted.append(victim)
+        return evicted

@@ -1,0 +1,101 @@
+"""Public value types: keys, lookup answers, request identity, load/store specs, events."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = [
+    "MAX_KEY_BYTES",
+    "BlockEvent",
+    "Key",
+    "LoadSpec",
+    "LookupResult",
+    "PrepareStoreOutput",
+    "RequestContext",
+    "StoreSpec",
+    "normalize_key",
+    "normalize_keys",
+]
+
+Key = bytes | str
+MAX_KEY_BYTES = 1024
+
+
+class LookupResult(enum.Enum):
+    """The answer to "is this block here?"."""
+
+    HIT = "hit"
+    """In the primary tier, ready to load now."""
+    MISS = "miss"
+    """In no tier (or not reachable in time)."""
+    RETRY = "retry"
+    """On its way: ask again at the next step, or ``await engine.wait(keys)``."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """Identifies the request on whose behalf a call is made (pins and delays are per request)."""
+
+    req_id: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.req_id, str):
+            raise TypeError(f"RequestContext.req_id must be str, got {type(self.req_id).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSpec:
+    """Where loadable blocks live: slot ids and read-only views of exactly their stored bytes."""
+
+    block_ids: tuple[int, ...]
+    buffers: tuple[memoryview, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSpec:
+    """Where to write blocks being stored: slot ids and writable views of ``block_size`` bytes."""
+
+    block_ids: tuple[int, ...]
+    buffers: tuple[memoryview, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareStoreOutput:
+    """What ``prepare_store`` allocated, and which blocks it evicted to make room."""
+
+    keys_to_store: tuple[bytes, ...]
+    store_spec: StoreSpec
+    evicted_keys: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockEvent:
+    """Blocks stored into (``removed=False``) or removed from (``removed=True``) a tier."""
+
+    keys: tuple[bytes, ...]
+    tier: str
+    removed: bool
+
+
+def normalize_key(key: object) -> bytes:
+    """Return the canonical ``bytes`` form of a key (a ``str`` is its UTF-8 bytes)."""
+    if type(key) is bytes:
+        k = key
+    elif isinstance(key, str):
+        k = key.encode("utf-8", "surrogatepass")
+    elif isinstance(key, bytes):
+        k = bytes(key)
+    else:
+        raise TypeError(f"block key must be bytes or str, got {type(key).__name__}")
+    if len(k) > MAX_KEY_BYTES:
+        raise ValueError(f"block key is {len(k)} bytes, more than the {MAX_KEY_BYTES}-byte limit")
+    return k
+
+
+def normalize_keys(keys: Iterable[object]) -> list[bytes]:
+    """Normalise every key, or raise before anything is done with any of them."""
+    if isinstance(keys, str | bytes):
+        raise TypeError("keys must be an iterable of keys, not a single str or bytes key")
+    return [normalize_key(k) for k in keys]

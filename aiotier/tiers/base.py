@@ -1,0 +1,132 @@
+"""The contract every secondary tier implements, and the usage snapshot tiers report."""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .._types import LookupResult
+
+__all__ = ["SecondaryTier", "TierUsage"]
+
+
+@dataclass(frozen=True, slots=True)
+class TierUsage:
+    """How full a tier is. ``capacity_bytes`` is ``None`` for tiers without a local budget."""
+
+    blocks: int
+    bytes_used: int
+    capacity_bytes: int | None
+
+
+def _default_name(cls: type) -> str:
+    name = cls.__name__.removesuffix("Tier") or cls.__name__
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+class SecondaryTier(ABC):
+    """A store below the primary arena: memory, a disk, a server, or one you write.
+
+    Keys reach a tier as normalised ``bytes``. The engine calls a tier from the event loop and
+    bounds every call with a timeout, so a tier must never block the loop (push blocking work to
+    a thread) and may raise on faults: the engine turns any exception into a counted MISS or a
+    counted failed write, never into an error for its caller.
+
+    Subclasses implement the five abstract methods; the batched forms loop over them by default
+    and are worth overriding where one round trip can serve many keys.
+    """
+
+    #: Blocks evicted by the tier's own budget since it was created (monotonic; the engine
+    #: reports the growth as ``aiotier_evictions_total``).
+    evictions: int
+    #: Set by the engine when a tier below can take this tier's evicted blocks; a tier that
+    #: can hand their bytes over then returns them from :meth:`take_evicted`.
+    handover_evicted: bool
+
+    def __init__(self, name: str | None = None) -> None:
+        if name is not None and (not isinstance(name, str) or not name):
+            raise TypeError(f"tier name must be a non-empty str, got {name!r}")
+        self.name: str = name if name is not None else _default_name(type(self))
+        self.evictions = 0
+        self.handover_evicted = False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} name={self.name!r}>"
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def open(self) -> None:  # noqa: B027 - optional hook
+        """Acquire resources (connections, directory locks). Called once by the engine."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release resources. Called once by the engine on close."""
+
+    # -- the five operations ---------------------------------------------------------------------
+
+    @abstractmethod
+    async def lookup(self, key: bytes) -> LookupResult:
+        """HIT if the tier holds ``key``, MISS if not, RETRY if it is still fetching it itself."""
+
+    @abstractmethod
+    async def read_into(self, key: bytes, buf: memoryview) -> int:
+        """Copy the block's bytes into the start of ``buf`` and return their length.
+
+        Returns -1 when the tier no longer holds the key. Raises
+        :class:`~aiotier.errors.BlockCorruptedError` when the stored bytes fail verification
+        (and drops them), ``ValueError`` when the block is longer than ``buf``, and anything else
+        on a fault.
+        """
+
+    @abstractmethod
+    async def write(self, key: bytes, data: bytes | memoryview) -> None:
+        """Store ``data`` under ``key``, replacing what was there."""
+
+    @abstractmethod
+    async def remove(self, key: bytes) -> bool:
+        """Drop ``key``; True if it was present."""
+
+    @abstractmethod
+    def usage(self) -> TierUsage:
+        """Blocks and bytes held now (cheap, synchronous: it feeds a gauge)."""
+
+    # -- batched forms -------------------------------------------------------------------------
+
+    async def lookup_many(self, keys: Sequence[bytes]) -> list[LookupResult]:
+        """Answer :meth:`lookup` for each key, in order."""
+        return [await self.lookup(k) for k in keys]
+
+    async def read_many_into(
+        self, keys: Sequence[bytes], bufs: Sequence[memoryview]
+    ) -> list[int | Exception]:
+        """:meth:`read_into` for each pair; a per-key failure is returned in place of its length."""
+        out: list[int | Exception] = []
+        for k, b in zip(keys, bufs, strict=True):
+            try:
+                out.append(await self.read_into(k, b))
+            except Exception as exc:  # one bad block must not fail its neighbours
+                out.append(exc)
+        return out
+
+    async def write_many(
+        self, items: Sequence[tuple[bytes, bytes | memoryview]]
+    ) -> list[Exception | None]:
+        """:meth:`write` for each pair; a per-key failure is returned in place of ``None``."""
+        out: list[Exception | None] = []
+        for k, d in items:
+            try:
+                await self.write(k, d)
+            except Exception as exc:
+                out.append(exc)
+            else:
+                out.append(None)
+        return out
+
+    def take_evicted(self) -> list[tuple[bytes, bytes]]:
+        """Blocks evicted since the last call, with their bytes, for the tier below.
+
+        Only tiers that can hand bytes over cheaply (memory) return anything, and only while
+        :attr:`handover_evicted` is set.
+        """
+        return []

@@ -1,0 +1,65 @@
+"""A secondary tier in process memory: bytes objects under a byte budget, LRU."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .._core.budget import ByteBudgetLRU
+from .._types import LookupResult
+from .base import SecondaryTier, TierUsage
+
+__all__ = ["MemoryTier"]
+
+
+class MemoryTier(SecondaryTier):
+    """Blocks kept as immutable ``bytes`` in this process, least recently used evicted first.
+
+    Every operation completes without suspending, so it is the cheapest tier to promote from;
+    it is also the only built-in tier that hands evicted bytes to the tier below for free.
+    """
+
+    def __init__(self, capacity_bytes: int, *, name: str = "memory") -> None:
+        super().__init__(name)
+        self._budget = ByteBudgetLRU(capacity_bytes)
+        self._data: dict[bytes, bytes] = {}
+        self._evicted: list[tuple[bytes, bytes]] = []
+
+    async def lookup(self, key: bytes) -> LookupResult:
+        return LookupResult.HIT if key in self._data else LookupResult.MISS
+
+    async def lookup_many(self, keys: Sequence[bytes]) -> list[LookupResult]:
+        data = self._data
+        return [LookupResult.HIT if k in data else LookupResult.MISS for k in keys]
+
+    async def read_into(self, key: bytes, buf: memoryview) -> int:
+        data = self._data.get(key)
+        if data is None:
+            return -1
+        n = len(data)
+        if n > len(buf):
+            raise ValueError(
+                f"tier {self.name!r}: block {key[:64]!r} is {n} bytes, buffer holds {len(buf)}"
+            )
+        buf[:n] = data
+        self._budget.touch(key)
+        return n
+
+    async def write(self, key: bytes, data: bytes | memoryview) -> None:
+        blob = bytes(data)
+        for victim in self._budget.admit(key, len(blob)):
+            old = self._data.pop(victim)
+            self.evictions += 1
+            if self.handover_evicted:
+                self._evicted.append((victim, old))
+        self._data[key] = blob
+
+    async def remove(self, key: bytes) -> bool:
+        self._budget.discard(key)
+        return self._data.pop(key, None) is not None
+
+    def usage(self) -> TierUsage:
+        return TierUsage(len(self._data), self._budget.used, self._budget.capacity)
+
+    def take_evicted(self) -> list[tuple[bytes, bytes]]:
+        out, self._evicted = self._evicted, []
+        return out
