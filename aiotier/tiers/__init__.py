@@ -2,5 +2,6 @@
 
 from .base import SecondaryTier, TierUsage
 from .memory import MemoryTier
+from .redis import RedisTier  # imports redis-py only when a RedisTier is created
 
-__all__ = ["MemoryTier", "SecondaryTier", "TierUsage"]
+__all__ = ["MemoryTier", "RedisTier", "SecondaryTier", "TierUsage"]

@@ -1,0 +1,528 @@
+"""A secondary tier on a Redis or Valkey server (or a Redis Cluster) shared by a fleet of engines.
+
+Values are the same self-describing frames as SSD files (header, key, xxh3-64 checksum), so a
+value written by another program, truncated or corrupted is detected and never handed out, and
+nothing is ever unpickled. Keys are ``namespace:`` plus a hash of the block key, so any block
+key (up to 1024 bytes, any bytes) maps to a short, safe Redis key.
+
+Batches cost one round trip: lookups run one small Lua script (pipelined ``EXISTS`` on a
+cluster or where scripts are not allowed), reads one ``MGET`` (a per-node pipeline of ``GET``
+on a cluster), writes one non-transactional pipeline of ``SET``.
+
+A server that goes away must not slow the engine down: every call is bounded by ``timeout``,
+and after ``failure_threshold`` consecutive connection failures a circuit opens, so calls fail
+at once with :class:`~aiotier.errors.TierUnavailableError` (the engine counts them as MISSes)
+while a background probe PINGs the server every ``probe_interval`` seconds and closes the
+circuit when it answers. redis-py reconnects its pooled connections by itself.
+
+redis-py is an optional dependency (the ``redis`` extra); it is imported when a tier is created,
+so ``import aiotier`` works without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from .._types import LookupResult
+from ..errors import (
+    BlockCorruptedError,
+    ConfigError,
+    TieringError,
+    TierUnavailableError,
+)
+from .base import SecondaryTier, TierUsage
+from .framing import encode_header, parse_header, verify_payload
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+__all__ = ["RedisTier"]
+
+_log = logging.getLogger("aiotier.redis")
+_T = TypeVar("_T")
+
+_MISSING_EXTRA: Final = (
+    "RedisTier needs redis-py, which is not installed: install the 'redis' extra, "
+    "e.g. pip install 'aiotier[redis]'"
+)
+
+# One round trip for any number of keys: EXISTS of each, answered as one array of 0/1.
+_LOOKUP_SCRIPT: Final = b"""
+local out = {}
+for i = 1, #KEYS do out[i] = redis.call('EXISTS', KEYS[i]) end
+return out
+"""
+_LOOKUP_SHA: Final = hashlib.sha1(_LOOKUP_SCRIPT).hexdigest()
+
+
+def _import_redis() -> tuple[ModuleType, ModuleType]:
+    """``redis.asyncio`` and ``redis.exceptions``, or an ImportError that names the extra."""
+    try:
+        import redis.asyncio as redis_asyncio
+        import redis.exceptions as redis_exceptions
+    except ImportError as exc:
+        raise ImportError(_MISSING_EXTRA) from exc
+    return redis_asyncio, redis_exceptions
+
+
+class _CircuitBreaker:
+    """Sans-IO circuit state: closed until ``threshold`` consecutive failures, then open."""
+
+    __slots__ = ("failures", "opened_at", "threshold", "times_opened")
+
+    def __init__(self, threshold: int) -> None:
+        self.threshold = threshold
+        self.failures = 0
+        self.opened_at: float | None = None
+        self.times_opened = 0
+
+    @property
+    def is_open(self) -> bool:
+        return self.opened_at is not None
+
+    def success(self) -> None:
+        self.failures = 0
+        self.opened_at = None
+
+    def trip(self) -> bool:
+        """Open the circuit now; True if it was closed."""
+        self.failures = max(self.failures, self.threshold - 1)
+        return self.failure()
+
+    def failure(self) -> bool:
+        """Count a failure; True when this one opened the circuit."""
+        self.failures += 1
+        if self.opened_at is None and self.failures >= self.threshold:
+            self.opened_at = time.monotonic()
+            self.times_opened += 1
+            return True
+        return False
+
+
+class RedisTier(SecondaryTier):
+    """Blocks in a Redis/Valkey server or Redis Cluster, shared by every engine that uses it.
+
+    ``url`` is handed to redis-py unchanged, so ``redis://user:password@host:6379/0``,
+    ``rediss://`` (TLS, with ``?ssl_cert_reqs=...`` and friends) and ``unix://`` all work.
+    ``namespace`` separates fleets, models or tenants on one server; ``ttl`` (seconds) makes
+    every written block expire. ``cluster=True`` talks to a Redis Cluster through any of its
+    nodes. ``protocol=2`` is for servers older than Redis 6 (redis-py 8 speaks RESP3 by
+    default). ``client_kwargs`` go to the redis-py client as they are.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        namespace: str = "aiotier",
+        ttl: float | None = None,
+        cluster: bool = False,
+        name: str = "redis",
+        protocol: int | None = None,
+        timeout: float = 2.0,
+        connect_timeout: float | None = None,
+        failure_threshold: int = 3,
+        probe_interval: float = 1.0,
+        client_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(name)
+        if not isinstance(url, str) or "://" not in url:
+            raise ConfigError(
+                f"RedisTier url must be a redis://, rediss:// or unix:// URL: {url!r}"
+            )
+        if not isinstance(namespace, str) or not namespace:
+            raise ConfigError(f"RedisTier namespace must be a non-empty str, got {namespace!r}")
+        if ttl is not None and not ttl > 0:
+            raise ConfigError(f"RedisTier ttl must be a positive number of seconds, got {ttl!r}")
+        if protocol not in (None, 2, 3):
+            raise ConfigError(f"RedisTier protocol must be 2, 3 or None, got {protocol!r}")
+        if not timeout > 0:
+            raise ConfigError(f"RedisTier timeout must be positive, got {timeout!r}")
+        if failure_threshold < 1:
+            raise ConfigError(f"failure_threshold must be >= 1, got {failure_threshold!r}")
+        if not probe_interval > 0:
+            raise ConfigError(f"probe_interval must be positive, got {probe_interval!r}")
+        self._redis, self._exc = _import_redis()
+        self.url = url
+        self.namespace = namespace
+        self.ttl = ttl
+        self.cluster = cluster
+        self.protocol = protocol
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout if connect_timeout is not None else timeout
+        self.probe_interval = probe_interval
+        self._client_kwargs = dict(client_kwargs or {})
+        self._prefix = namespace.encode("utf-8") + b":"
+        self._px = None if ttl is None else max(1, round(ttl * 1000))
+        self._breaker = _CircuitBreaker(failure_threshold)
+        self._client: Any = None
+        self._probe_task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._use_script = not cluster
+        # What this tier instance wrote and has not seen disappear: redis key -> frame bytes.
+        self._written: dict[bytes, int] = {}
+        self._bytes_written = 0
+        #: Calls that failed for connectivity (timeouts, lost connections, open circuit).
+        self.errors = 0
+
+    def __repr__(self) -> str:
+        state = "open" if self._breaker.is_open else "closed"
+        return f"<RedisTier name={self.name!r} namespace={self.namespace!r} circuit={state}>"
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Create the client and check the server once.
+
+        A server that does not answer is not fatal (the circuit opens and the probe reconnects
+        later), but one that refuses our credentials or protocol is a configuration error.
+        """
+        self._closed = False
+        self._ensure_client()
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self._client.ping()
+        except (self._exc.AuthenticationError, self._exc.AuthorizationError) as exc:
+            await self.aclose()
+            raise ConfigError(
+                f"redis tier {self.name!r}: the server refused the login: {exc}"
+            ) from exc
+        except self._exc.ResponseError as exc:
+            await self.aclose()
+            hint = " (servers older than Redis 6 need protocol=2)" if "HELLO" in str(exc) else ""
+            raise ConfigError(f"redis tier {self.name!r}: {exc}{hint}") from exc
+        except (self._exc.RedisError, OSError, TimeoutError) as exc:
+            _log.warning("redis tier %r: server not reachable at open: %s", self.name, exc)
+            # Open the circuit at once: there is no point waiting for more failures.
+            self.errors += 1
+            if self._breaker.trip():
+                self._start_probe()
+        else:
+            self._breaker.success()
+
+    async def aclose(self) -> None:
+        """Stop the probe and close every pooled connection."""
+        self._closed = True
+        task, self._probe_task = self._probe_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+
+    def _ensure_client(self) -> Any:
+        if self._client is not None:
+            return self._client
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        kwargs: dict[str, Any] = {
+            "socket_timeout": self.timeout,
+            "socket_connect_timeout": self.connect_timeout,
+            # One immediate retry re-dials a pooled connection the server dropped (a restart);
+            # anything more would make callers wait on a dead server. The breaker does the rest.
+            "retry": Retry(NoBackoff(), 1),
+        }
+        if self.protocol is not None:
+            kwargs["protocol"] = self.protocol
+        kwargs.update(self._client_kwargs)
+        if self.cluster:
+            from redis.asyncio.cluster import RedisCluster
+
+            self._client = RedisCluster.from_url(self.url, **kwargs)
+        else:
+            self._client = self._redis.Redis.from_url(self.url, **kwargs)
+        return self._client
+
+    # -- keys and frames -------------------------------------------------------------------------
+
+    def redis_key(self, key: bytes) -> bytes:
+        """The Redis key that holds ``key``: ``namespace:`` and 32 hex digits of BLAKE2b."""
+        return self._prefix + hashlib.blake2b(key, digest_size=16).hexdigest().encode("ascii")
+
+    def _decode_into(self, key: bytes, value: bytes, buf: memoryview) -> int:
+        """Verify one stored frame and copy its payload into ``buf`` (the only copy made)."""
+        where = f"redis tier {self.name!r}"
+        mv = memoryview(value)
+        header = parse_header(mv, where=where)
+        payload = mv[header.payload_offset :]
+        verify_payload(header, key, payload, where=where)
+        n = header.payload_len
+        if n > len(buf):
+            raise ValueError(f"{where}: block {key[:64]!r} is {n} bytes, buffer holds {len(buf)}")
+        buf[:n] = payload
+        return n
+
+    # -- the call wrapper and the breaker --------------------------------------------------------
+
+    @property
+    def available(self) -> bool:
+        """False while the circuit is open (calls fail at once) or the tier is closed."""
+        return not self._closed and not self._breaker.is_open
+
+    def _check_available(self, op: str) -> None:
+        if self._closed:
+            raise TierUnavailableError(f"redis tier {self.name!r} is closed ({op})")
+        if self._breaker.is_open:
+            self.errors += 1
+            raise TierUnavailableError(
+                f"redis tier {self.name!r}: circuit open after {self._breaker.failures} failed "
+                f"calls to {self._safe_url()}; {op} not attempted"
+            )
+
+    def _safe_url(self) -> str:
+        """The URL without its password, for messages."""
+        head, sep, tail = self.url.partition("://")
+        if "@" in tail:
+            tail = "***@" + tail.rsplit("@", 1)[1]
+        return head + sep + tail
+
+    def _record_failure(self) -> None:
+        self.errors += 1
+        if self._breaker.failure():
+            _log.warning(
+                "redis tier %r: circuit opened after %d failures; probing every %.3gs",
+                self.name,
+                self._breaker.failures,
+                self.probe_interval,
+            )
+            self._start_probe()
+
+    def _start_probe(self) -> None:
+        if self._probe_task is None or self._probe_task.done():
+            self._probe_task = asyncio.get_running_loop().create_task(
+                self._probe_loop(), name=f"aiotier-redis-probe-{self.name}"
+            )
+
+    async def _probe_loop(self) -> None:
+        """PING until the server answers, then close the circuit."""
+        while self._breaker.is_open and not self._closed:
+            await asyncio.sleep(self.probe_interval)
+            client = self._client
+            if client is None:
+                return
+            try:
+                async with asyncio.timeout(self.timeout):
+                    await client.ping()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # still down: try again later
+                _log.debug("redis tier %r: probe failed: %s", self.name, exc)
+                continue
+            _log.warning("redis tier %r: server answers again; circuit closed", self.name)
+            self._breaker.success()
+
+    async def _call(self, op: str, fn: Callable[[Any], Awaitable[_T]]) -> _T:
+        """Run ``fn(client)`` within the timeout; translate and count failures."""
+        self._check_available(op)
+        client = self._ensure_client()
+        exc_mod = self._exc
+        try:
+            async with asyncio.timeout(self.timeout):
+                result = await fn(client)
+        except (exc_mod.ConnectionError, exc_mod.TimeoutError, TimeoutError, OSError) as exc:
+            self._record_failure()
+            kind = "timed out" if isinstance(exc, TimeoutError | exc_mod.TimeoutError) else "failed"
+            raise TierUnavailableError(
+                f"redis tier {self.name!r}: {op} {kind} after at most {self.timeout}s "
+                f"({self._safe_url()}): {exc!r}"
+            ) from exc
+        except exc_mod.RedisError as exc:
+            # The server answered, with an error: it is reachable, so the breaker is not involved.
+            raise TieringError(f"redis tier {self.name!r}: {op}: {exc}") from exc
+        self._breaker.success()
+        return result
+
+    # -- the five operations ---------------------------------------------------------------------
+
+    async def lookup(self, key: bytes) -> LookupResult:
+        rkey = self.redis_key(key)
+        n = await self._call("lookup", lambda c: c.exists(rkey))
+        if not n:
+            self._forget(rkey)
+        return LookupResult.HIT if n else LookupResult.MISS
+
+    async def read_into(self, key: bytes, buf: memoryview) -> int:
+        rkey = self.redis_key(key)
+        value = await self._call("read", lambda c: c.get(rkey))
+        if value is None:
+            self._forget(rkey)
+            return -1
+        try:
+            return self._decode_into(key, value, buf)
+        except BlockCorruptedError:
+            await self._drop_corrupted([rkey])
+            raise
+
+    async def write(self, key: bytes, data: bytes | memoryview) -> None:
+        rkey = self.redis_key(key)
+        frame = self._frame(key, data)
+        await self._call("write", lambda c: c.set(rkey, frame, px=self._px))
+        self._remember(rkey, len(frame))
+
+    async def remove(self, key: bytes) -> bool:
+        rkey = self.redis_key(key)
+        n = await self._call("remove", lambda c: c.delete(rkey))
+        self._forget(rkey)
+        return bool(n)
+
+    def usage(self) -> TierUsage:
+        """What this tier instance wrote and has not seen removed or expired.
+
+        The server is shared and may evict or expire blocks on its own, so this is this
+        engine's view, not the server's; capacity is the server's business (``maxmemory``).
+        """
+        return TierUsage(len(self._written), self._bytes_written, None)
+
+    # -- batched forms ---------------------------------------------------------------------------
+
+    async def lookup_many(self, keys: Sequence[bytes]) -> list[LookupResult]:
+        """All keys in one round trip."""
+        if not keys:
+            return []
+        rkeys = [self.redis_key(k) for k in keys]
+        flags = await self._call("lookup_many", lambda c: self._exists_many(c, rkeys))
+        out: list[LookupResult] = []
+        for rkey, flag in zip(rkeys, flags, strict=True):
+            if flag:
+                out.append(LookupResult.HIT)
+            else:
+                self._forget(rkey)
+                out.append(LookupResult.MISS)
+        return out
+
+    async def _exists_many(self, client: Any, rkeys: list[bytes]) -> list[int]:
+        if self._use_script:
+            exc_mod = self._exc
+            try:
+                try:
+                    return list(await client.evalsha(_LOOKUP_SHA, len(rkeys), *rkeys))
+                except exc_mod.NoScriptError:  # a new or restarted server: load it once
+                    await client.script_load(_LOOKUP_SCRIPT)
+                    return list(await client.evalsha(_LOOKUP_SHA, len(rkeys), *rkeys))
+            except exc_mod.ResponseError as exc:
+                if not _script_refused(exc):
+                    raise
+                _log.info(
+                    "redis tier %r: scripts not allowed (%s); pipelining EXISTS", self.name, exc
+                )
+                self._use_script = False
+        pipe = client.pipeline(transaction=False)
+        for rkey in rkeys:
+            pipe.exists(rkey)
+        return [int(x) for x in await pipe.execute()]
+
+    async def read_many_into(
+        self, keys: Sequence[bytes], bufs: Sequence[memoryview]
+    ) -> list[int | Exception]:
+        """All keys in one round trip (one ``MGET``; a pipeline per node on a cluster)."""
+        if len(keys) != len(bufs):
+            raise ValueError(f"{len(keys)} keys but {len(bufs)} buffers")
+        if not keys:
+            return []
+        rkeys = [self.redis_key(k) for k in keys]
+        try:
+            values = await self._call("read_many", lambda c: self._get_many(c, rkeys))
+        except TieringError as exc:
+            return [exc] * len(keys)
+        out: list[int | Exception] = []
+        corrupted: list[bytes] = []
+        for key, rkey, value, buf in zip(keys, rkeys, values, bufs, strict=True):
+            if value is None:
+                self._forget(rkey)
+                out.append(-1)
+                continue
+            try:
+                out.append(self._decode_into(key, value, buf))
+            except BlockCorruptedError as exc:
+                corrupted.append(rkey)
+                out.append(exc)
+            except ValueError as exc:
+                out.append(exc)
+        if corrupted:
+            await self._drop_corrupted(corrupted)
+        return out
+
+    async def _get_many(self, client: Any, rkeys: list[bytes]) -> list[bytes | None]:
+        if not self.cluster:
+            return list(await client.mget(rkeys))
+        pipe = client.pipeline()
+        for rkey in rkeys:
+            pipe.get(rkey)
+        return list(await pipe.execute())
+
+    async def write_many(
+        self, items: Sequence[tuple[bytes, bytes | memoryview]]
+    ) -> list[Exception | None]:
+        """All blocks in one non-transactional pipeline of ``SET``."""
+        if not items:
+            return []
+        rkeys = [self.redis_key(k) for k, _ in items]
+        frames = [self._frame(k, d) for k, d in items]
+
+        async def run(client: Any) -> list[Any]:
+            pipe = client.pipeline() if self.cluster else client.pipeline(transaction=False)
+            for rkey, frame in zip(rkeys, frames, strict=True):
+                pipe.set(rkey, frame, px=self._px)
+            return list(await pipe.execute(raise_on_error=False))
+
+        try:
+            replies = await self._call("write_many", run)
+        except TieringError as exc:
+            return [exc] * len(items)
+        out: list[Exception | None] = []
+        for rkey, frame, reply in zip(rkeys, frames, replies, strict=True):
+            if isinstance(reply, Exception):
+                out.append(TieringError(f"redis tier {self.name!r}: write: {reply}"))
+            else:
+                self._remember(rkey, len(frame))
+                out.append(None)
+        return out
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _frame(self, key: bytes, data: bytes | memoryview) -> bytes:
+        return b"".join((encode_header(key, data), data))
+
+    def _remember(self, rkey: bytes, size: int) -> None:
+        old = self._written.get(rkey, 0)
+        self._written[rkey] = size
+        self._bytes_written += size - old
+
+    def _forget(self, rkey: bytes) -> None:
+        size = self._written.pop(rkey, None)
+        if size is not None:
+            self._bytes_written -= size
+
+    async def _drop_corrupted(self, rkeys: list[bytes]) -> None:
+        """Delete values that failed verification, so nobody reads them again (best effort)."""
+        for rkey in rkeys:
+            self._forget(rkey)
+        with contextlib.suppress(TieringError):
+            await self._call("drop_corrupted", lambda c: self._delete_each(c, rkeys))
+        _log.warning(
+            "redis tier %r: dropped %d value(s) that failed verification", self.name, len(rkeys)
+        )
+
+    async def _delete_each(self, client: Any, rkeys: list[bytes]) -> int:
+        if not self.cluster:
+            return int(await client.delete(*rkeys))
+        pipe = client.pipeline()
+        for rkey in rkeys:
+            pipe.delete(rkey)
+        return sum(int(x) for x in await pipe.execute())
+
+
+def _script_refused(exc: BaseException) -> bool:
+    """True when the server forbids or lacks scripting (ACL, managed service, old fork)."""
+    msg = str(exc).lower()
+    return "noperm" in msg or "unknown command" in msg or "no permissions" in msg

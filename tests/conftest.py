@@ -1,0 +1,1 @@
+from redis_fixtures import *  # noqa: F403
