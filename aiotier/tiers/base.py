@@ -73,6 +73,10 @@ class SecondaryTier(ABC):
     async def read_into(self, key: bytes, buf: memoryview) -> int:
         """Copy the block's bytes into the start of ``buf`` and return their length.
 
+        ``buf`` must not be written after this coroutine has finished, also when it is cancelled
+        (a tier that reads in a thread waits for that thread before letting the cancellation
+        through): the engine reuses the slot behind ``buf`` as soon as the call ends.
+
         Returns -1 when the tier no longer holds the key. Raises
         :class:`~aiotier.errors.BlockCorruptedError` when the stored bytes fail verification
         (and drops them), ``ValueError`` when the block is longer than ``buf``, and anything else
@@ -122,6 +126,14 @@ class SecondaryTier(ABC):
             else:
                 out.append(None)
         return out
+
+    def contains_hint(self, key: bytes) -> bool | None:
+        """Whether the tier holds ``key``, when it knows without I/O; ``None`` when it cannot tell.
+
+        The engine uses it to skip needless removes and write-backs; tiers with an in-memory
+        index (memory, SSD) answer exactly, remote tiers return ``None``.
+        """
+        return None
 
     def take_evicted(self) -> list[tuple[bytes, bytes]]:
         """Blocks evicted since the last call, with their bytes, for the tier below.

@@ -57,6 +57,9 @@ class MemoryTier(SecondaryTier):
         self._budget.discard(key)
         return self._data.pop(key, None) is not None
 
+    def contains_hint(self, key: bytes) -> bool | None:
+        return key in self._data
+
     def usage(self) -> TierUsage:
         return TierUsage(len(self._data), self._budget.used, self._budget.capacity)
 
