@@ -59,7 +59,9 @@ def _ping(port: int, timeout: float = 0.5) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
             s.sendall(b"*1\r\n$4\r\nPING\r\n")
-            return s.recv(64).startswith(b"+PONG")
+            reply = s.recv(64)
+            # +PONG, or -NOAUTH from a server that wants a password: either way it answers.
+            return reply.startswith((b"+PONG", b"-NOAUTH"))
     except OSError:
         return False
 

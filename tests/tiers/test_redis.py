@@ -1,0 +1,662 @@
+"""RedisTier against a real redis-server: framing, batching, namespaces, TTL, losing the server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+import redis.asyncio as redis_asyncio
+from redis.asyncio.connection import AbstractConnection
+from redis_fixtures import RedisServer, RedisServerFactory
+
+from aiotier._types import LookupResult
+from aiotier.errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
+from aiotier.tiers import RedisTier
+from aiotier.tiers.framing import encode_header
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+async def raw(redis_url: str) -> AsyncIterator[redis_asyncio.Redis]:
+    """A plain redis-py client on the same server, to look behind the tier's back."""
+    client = redis_asyncio.Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+async def tier(redis_url: str) -> AsyncIterator[RedisTier]:
+    t = RedisTier(redis_url, timeout=2.0)
+    await t.open()
+    try:
+        yield t
+    finally:
+        await t.aclose()
+
+
+def buf(n: int = 1 << 20) -> memoryview:
+    return memoryview(bytearray(n))
+
+
+async def poll_until(cond: Callable[[], Awaitable[bool]], deadline_s: float = 10.0) -> None:
+    """Await ``cond`` until it holds, failing after ``deadline_s`` (never a fixed sleep)."""
+    deadline = time.monotonic() + deadline_s
+    while not await cond():
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {deadline_s}s")
+        await asyncio.sleep(0.02)
+
+
+# -- round trips ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [0, 1, 4096, 256 * 1024, 1 << 20])
+async def test_write_then_read_returns_the_same_bytes(tier: RedisTier, size: int) -> None:
+    data = os.urandom(size)
+    await tier.write(b"block-1", data)
+    assert await tier.lookup(b"block-1") is LookupResult.HIT
+    b = buf()
+    assert await tier.read_into(b"block-1", b) == size
+    assert bytes(b[:size]) == data
+
+
+async def test_absent_key_is_miss_and_minus_one(tier: RedisTier) -> None:
+    assert await tier.lookup(b"nope") is LookupResult.MISS
+    assert await tier.read_into(b"nope", buf(16)) == -1
+    assert await tier.remove(b"nope") is False
+
+
+async def test_write_replaces_and_remove_deletes(tier: RedisTier) -> None:
+    await tier.write(b"k", b"old")
+    await tier.write(b"k", memoryview(b"newer"))
+    b = buf(16)
+    assert await tier.read_into(b"k", b) == 5
+    assert bytes(b[:5]) == b"newer"
+    assert await tier.remove(b"k") is True
+    assert await tier.lookup(b"k") is LookupResult.MISS
+
+
+async def test_buffer_too_small_is_value_error(tier: RedisTier) -> None:
+    await tier.write(b"k", b"x" * 100)
+    with pytest.raises(ValueError, match="100 bytes"):
+        await tier.read_into(b"k", buf(99))
+
+
+async def test_batched_forms_round_trip(tier: RedisTier) -> None:
+    items = [(f"key-{i}".encode(), os.urandom(1000 + i)) for i in range(64)]
+    assert await tier.write_many(items) == [None] * 64
+    keys = [k for k, _ in items] + [b"absent"]
+    assert await tier.lookup_many(keys) == [LookupResult.HIT] * 64 + [LookupResult.MISS]
+    bufs = [buf(4096) for _ in keys]
+    results = await tier.read_many_into(keys, bufs)
+    assert results[-1] == -1
+    for (_k, data), n, b in zip(items, results[:-1], bufs[:-1], strict=True):
+        assert n == len(data)
+        assert bytes(b[: len(data)]) == data
+    assert await tier.lookup_many([]) == []
+    assert await tier.read_many_into([], []) == []
+    assert await tier.write_many([]) == []
+
+
+async def test_keys_are_namespace_and_hash(tier: RedisTier, raw: redis_asyncio.Redis) -> None:
+    long_key = b"\x00\xff" * 512  # 1024 arbitrary bytes
+    await tier.write(long_key, b"v")
+    stored = await raw.keys("*")
+    assert stored == [tier.redis_key(long_key)]
+    assert stored[0].startswith(b"aiotier:")
+    assert len(stored[0]) == len(b"aiotier:") + 32
+
+
+async def test_usage_tracks_what_this_tier_wrote(tier: RedisTier) -> None:
+    assert tier.usage().blocks == 0
+    await tier.write(b"a", b"1" * 10)
+    await tier.write_many([(b"b", b"2" * 20), (b"a", b"1" * 30)])
+    u = tier.usage()
+    assert u.blocks == 2
+    assert u.capacity_bytes is None
+    await tier.remove(b"a")
+    assert tier.usage().blocks == 1
+    assert tier.usage().bytes_used > 20
+
+
+# -- namespaces ----------------------------------------------------------------------------------
+
+
+async def test_namespaces_do_not_mix(redis_url: str) -> None:
+    a = RedisTier(redis_url, namespace="model-a")
+    b = RedisTier(redis_url, namespace="model-b")
+    await a.open()
+    await b.open()
+    try:
+        await a.write(b"shared-key", b"from a")
+        assert await b.lookup(b"shared-key") is LookupResult.MISS
+        assert await b.lookup_many([b"shared-key"]) == [LookupResult.MISS]
+        assert await b.read_into(b"shared-key", buf(64)) == -1
+        await b.write(b"shared-key", b"from b")
+        out = buf(64)
+        assert await a.read_into(b"shared-key", out) == 6
+        assert bytes(out[:6]) == b"from a"
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_two_tiers_same_namespace_share_blocks(redis_url: str) -> None:
+    a = RedisTier(redis_url, namespace="fleet")
+    b = RedisTier(redis_url, namespace="fleet")
+    await a.open()
+    await b.open()
+    try:
+        await a.write_many([(b"k1", b"one"), (b"k2", b"two")])
+        bufs = [buf(8), buf(8)]
+        assert await b.read_many_into([b"k1", b"k2"], bufs) == [3, 3]
+        assert bytes(bufs[1][:3]) == b"two"
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+# -- foreign, truncated and corrupted values -----------------------------------------------------
+
+
+def good_frame(key: bytes, payload: bytes) -> bytes:
+    return encode_header(key, payload) + payload
+
+
+def _bad_value_cases() -> dict[str, bytes]:
+    payload = os.urandom(5000)
+    frame = good_frame(b"victim", payload)
+    flipped = bytearray(frame)
+    flipped[-100] ^= 0xFF
+    return {
+        "foreign text": b"hello, I am someone else's value",
+        "pickle": pickle.dumps({"evil": True}),
+        "empty": b"",
+        "truncated header": frame[:10],
+        "truncated key": frame[:26],
+        "truncated payload": frame[:-1],
+        "extra bytes": frame + b"x",
+        "flipped payload byte": bytes(flipped),
+        "frame of another key": good_frame(b"other", payload),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "foreign text",
+        "pickle",
+        "empty",
+        "truncated header",
+        "truncated key",
+        "truncated payload",
+        "extra bytes",
+        "flipped payload byte",
+        "frame of another key",
+    ],
+)
+async def test_bad_values_are_corruption_and_are_dropped(
+    tier: RedisTier, raw: redis_asyncio.Redis, case: str
+) -> None:
+    value = _bad_value_cases()[case]
+    rkey = tier.redis_key(b"victim")
+    await raw.set(rkey, value)
+    b = buf(8192)
+    b[:] = b"\xaa" * len(b)
+    with pytest.raises(BlockCorruptedError):
+        await tier.read_into(b"victim", b)
+    assert bytes(b) == b"\xaa" * len(b), "no byte of a bad value reaches the caller's buffer"
+    assert await raw.exists(rkey) == 0, "a value that failed verification is dropped"
+
+    # The batched read reports it in place and leaves its neighbours alone.
+    await raw.set(rkey, value)
+    await tier.write(b"good", b"fine")
+    bufs = [buf(8192), buf(8192)]
+    results = await tier.read_many_into([b"victim", b"good"], bufs)
+    assert isinstance(results[0], BlockCorruptedError)
+    assert results[1] == 4
+    assert await raw.exists(rkey) == 0
+
+
+# -- TTL -----------------------------------------------------------------------------------------
+
+
+async def test_ttl_expires_blocks(redis_url: str, raw: redis_asyncio.Redis) -> None:
+    t = RedisTier(redis_url, ttl=0.3)
+    await t.open()
+    try:
+        await t.write(b"single", b"1")
+        await t.write_many([(b"batch", b"2")])
+        for key in (b"single", b"batch"):
+            pttl = await raw.pttl(t.redis_key(key))
+            assert 0 < pttl <= 300
+        assert await t.lookup_many([b"single", b"batch"]) == [LookupResult.HIT] * 2
+
+        async def gone() -> bool:
+            return await t.lookup_many([b"single", b"batch"]) == [LookupResult.MISS] * 2
+
+        await poll_until(gone, 10.0)
+        assert await t.read_into(b"single", buf(8)) == -1
+    finally:
+        await t.aclose()
+
+
+async def test_no_ttl_means_no_expiry(tier: RedisTier, raw: redis_asyncio.Redis) -> None:
+    await tier.write(b"k", b"v")
+    assert await raw.pttl(tier.redis_key(b"k")) == -1
+
+
+# -- one round trip per batch --------------------------------------------------------------------
+
+
+async def _commandstats(raw: redis_asyncio.Redis) -> dict[str, int]:
+    info = await raw.info("commandstats")
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in info.items()}
+
+
+@pytest.fixture
+def sends(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the packets redis-py writes (one per command, one per pipeline): round trips."""
+    counter: list[int] = []
+    original = AbstractConnection.send_packed_command
+
+    async def counting(self: AbstractConnection, command: Any, check_health: bool = True) -> None:
+        counter.append(1)
+        await original(self, command, check_health)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counting)
+    return counter
+
+
+async def test_64_key_lookup_many_is_one_round_trip(
+    tier: RedisTier, raw: redis_asyncio.Redis, sends: list[int]
+) -> None:
+    keys = [f"prefix-{i}".encode() for i in range(64)]
+    await tier.write_many([(k, b"v") for k in keys[:32]])
+    await tier.lookup_many(keys)  # loads the script once on this fresh server
+    before = await _commandstats(raw)
+    sends.clear()
+    result = await tier.lookup_many(keys)
+    round_trips = len(sends)
+    after = await _commandstats(raw)
+    assert result == [LookupResult.HIT] * 32 + [LookupResult.MISS] * 32
+    assert round_trips == 1
+    assert after.get("evalsha", 0) - before.get("evalsha", 0) == 1
+
+
+async def test_64_key_read_many_is_one_mget(
+    tier: RedisTier, raw: redis_asyncio.Redis, sends: list[int]
+) -> None:
+    keys = [f"prefix-{i}".encode() for i in range(64)]
+    await tier.write_many([(k, b"v" * 1000) for k in keys])
+    before = await _commandstats(raw)
+    sends.clear()
+    results = await tier.read_many_into(keys, [buf(1000) for _ in keys])
+    round_trips = len(sends)
+    after = await _commandstats(raw)
+    assert results == [1000] * 64
+    assert round_trips == 1
+    assert after["mget"] - before.get("mget", 0) == 1
+    assert after.get("get", 0) == before.get("get", 0)
+
+
+async def test_64_key_write_many_is_one_pipeline(tier: RedisTier, sends: list[int]) -> None:
+    sends.clear()
+    assert await tier.write_many([(f"k{i}".encode(), b"v") for i in range(64)]) == [None] * 64
+    assert len(sends) == 1
+
+
+async def test_lookup_falls_back_to_pipelined_exists_without_scripting(
+    redis_server_factory: RedisServerFactory, sends: list[int]
+) -> None:
+    server = redis_server_factory(None, "--rename-command", "EVALSHA", "")
+    t = RedisTier(server.url)
+    await t.open()
+    try:
+        await t.write(b"a", b"1")
+        assert await t.lookup_many([b"a", b"b"]) == [LookupResult.HIT, LookupResult.MISS]
+        sends.clear()
+        assert (
+            await t.lookup_many([b"a", b"b", b"c"]) == [LookupResult.HIT] + [LookupResult.MISS] * 2
+        )
+        assert len(sends) == 1  # pipelined: still one round trip
+    finally:
+        await t.aclose()
+
+
+# -- losing the server ---------------------------------------------------------------------------
+
+
+async def _fast_fail(coro: Awaitable[Any], within: float) -> BaseException:
+    t0 = time.monotonic()
+    try:
+        await coro
+    except Exception as exc:
+        elapsed = time.monotonic() - t0
+        assert elapsed < within, f"took {elapsed:.3f}s, bound {within}s"
+        return exc
+    pytest.fail("expected the call to fail")
+
+
+async def test_killed_server_fails_fast_opens_circuit_and_reconnects(
+    redis_server_factory: RedisServerFactory,
+) -> None:
+    server = redis_server_factory()
+    t = RedisTier(server.url, timeout=0.5, failure_threshold=3, probe_interval=0.05)
+    await t.open()
+    try:
+        await t.write(b"k", b"before")
+        assert await t.lookup(b"k") is LookupResult.HIT
+
+        server.kill()
+        for _ in range(3):  # each call answers within the timeout, with an exception
+            exc = await _fast_fail(t.lookup(b"k"), within=0.5 + 0.25)
+            assert isinstance(exc, TierUnavailableError)
+        assert not t.available, "three consecutive failures open the circuit"
+        # While open, calls do not touch the network at all.
+        exc = await _fast_fail(t.read_into(b"k", buf(16)), within=0.05)
+        assert isinstance(exc, TierUnavailableError)
+        assert "circuit open" in str(exc)
+        results = await t.read_many_into([b"k", b"j"], [buf(16), buf(16)])
+        assert all(isinstance(r, TierUnavailableError) for r in results)
+        assert all(isinstance(r, TierUnavailableError) for r in await t.write_many([(b"x", b"")]))
+        with pytest.raises(TierUnavailableError):
+            await t.lookup_many([b"k"])
+        assert t.errors >= 5
+
+        server.start()  # same port, empty server
+
+        async def back() -> bool:
+            return t.available
+
+        await poll_until(back, 10.0)
+        assert await t.lookup(b"k") is LookupResult.MISS  # nothing was persisted
+        await t.write(b"k", b"after")
+        out = buf(16)
+        assert await t.read_into(b"k", out) == 5
+        assert bytes(out[:5]) == b"after"
+        assert await t.lookup_many([b"k"]) == [LookupResult.HIT]  # script reloaded by itself
+    finally:
+        await t.aclose()
+
+
+async def test_frozen_server_times_out_and_stale_replies_never_leak(
+    redis_server_factory: RedisServerFactory,
+) -> None:
+    """SIGSTOP: connections stay open but nothing answers, so only the timeout can save us."""
+    server = redis_server_factory()
+    t = RedisTier(server.url, timeout=0.3, failure_threshold=2, probe_interval=0.05)
+    await t.open()
+    assert server.proc is not None
+    pid = server.proc.pid
+    try:
+        await t.write_many([(b"a", b"value-a"), (b"b", b"value-b")])
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            for key in (b"a", b"b"):
+                exc = await _fast_fail(t.read_into(key, buf(16)), within=0.3 + 0.25)
+                assert isinstance(exc, TierUnavailableError)
+                assert "timed out" in str(exc)
+            assert not t.available
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+        async def back() -> bool:
+            return t.available
+
+        await poll_until(back, 10.0)
+        # The replies to the timed-out GETs arrive late; they must not answer later calls.
+        for key, expected in ((b"b", b"value-b"), (b"a", b"value-a")):
+            out = buf(16)
+            n = await t.read_into(key, out)
+            assert bytes(out[:n]) == expected
+    finally:
+        await t.aclose()
+
+
+async def test_open_with_server_down_does_not_raise_and_recovers(
+    redis_server_factory: RedisServerFactory,
+) -> None:
+    server = redis_server_factory()
+    server.kill()
+    t = RedisTier(server.url, timeout=0.3, probe_interval=0.05)
+    await t.open()
+    try:
+        assert not t.available
+        with pytest.raises(TierUnavailableError):
+            await t.lookup(b"k")
+        server.start()
+
+        async def back() -> bool:
+            return t.available
+
+        await poll_until(back, 10.0)
+        await t.write(b"k", b"v")
+        assert await t.lookup(b"k") is LookupResult.HIT
+    finally:
+        await t.aclose()
+
+
+async def test_aclose_stops_the_probe_and_refuses_calls(
+    redis_server_factory: RedisServerFactory,
+) -> None:
+    server = redis_server_factory()
+    server.kill()
+    t = RedisTier(server.url, timeout=0.2, probe_interval=0.05)
+    await t.open()
+    probe = t._probe_task
+    assert probe is not None
+    await t.aclose()
+    assert probe.done()
+    with pytest.raises(TierUnavailableError, match="closed"):
+        await t.lookup(b"k")
+
+
+# -- URLs, credentials, protocol, TLS, cluster ---------------------------------------------------
+
+
+async def test_password_in_url(redis_server_factory: RedisServerFactory) -> None:
+    server = redis_server_factory(None, "--requirepass", "s3cret")
+    good = RedisTier(f"redis://:s3cret@127.0.0.1:{server.port}/0")
+    await good.open()
+    try:
+        await good.write(b"k", b"v")
+        assert await good.lookup(b"k") is LookupResult.HIT
+    finally:
+        await good.aclose()
+    bad = RedisTier(f"redis://:wrong@127.0.0.1:{server.port}/0")
+    with pytest.raises(ConfigError, match="refused") as info:
+        await bad.open()
+    assert "wrong" not in str(info.value)
+
+
+# The ACL that docs/operations.md recommends: keys of one namespace, only the commands used.
+DOC_ACL = (
+    "on >tier-pw ~fleet:* resetchannels -@all "
+    "+get +mget +set +exists +del +evalsha +script|load +ping +hello +auth"
+)
+
+
+async def test_acl_user_with_only_the_needed_commands(
+    redis_server_factory: RedisServerFactory,
+) -> None:
+    server = redis_server_factory()
+    admin = redis_asyncio.Redis.from_url(server.url)
+    try:
+        await admin.execute_command("ACL", "SETUSER", "aiotier", *DOC_ACL.split())
+    finally:
+        await admin.aclose()
+    t = RedisTier(f"redis://aiotier:tier-pw@127.0.0.1:{server.port}/0", namespace="fleet")
+    await t.open()
+    try:
+        await t.write(b"k", b"v")
+        await t.write_many([(b"k2", b"v2")])
+        assert await t.lookup(b"k") is LookupResult.HIT
+        assert await t.lookup_many([b"k", b"k2", b"no"]) == [LookupResult.HIT] * 2 + [
+            LookupResult.MISS
+        ]
+        assert await t.read_many_into([b"k", b"k2"], [buf(8), buf(8)]) == [1, 2]
+        assert await t.remove(b"k") is True
+        assert t._use_script, "the documented ACL allows the lookup script"
+    finally:
+        await t.aclose()
+    other = RedisTier(f"redis://aiotier:tier-pw@127.0.0.1:{server.port}/0", namespace="x")
+    await other.open()
+    try:
+        with pytest.raises(TieringError, match=r"(?i)no permissions|noperm"):
+            await other.write(b"k", b"v")  # outside the user's key pattern
+    finally:
+        await other.aclose()
+
+
+async def test_protocol_2_for_old_servers(redis_url: str) -> None:
+    t = RedisTier(redis_url, protocol=2)
+    await t.open()
+    try:
+        await t.write_many([(b"a", b"1"), (b"b", b"22")])
+        assert await t.lookup_many([b"a", b"b", b"c"]) == [LookupResult.HIT] * 2 + [
+            LookupResult.MISS
+        ]
+        assert await t.read_many_into([b"a", b"b"], [buf(4), buf(4)]) == [1, 2]
+    finally:
+        await t.aclose()
+
+
+def _make_tls_files(tmp: Any) -> tuple[str, str, str] | None:
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        return None
+    cert, key = str(tmp / "server.crt"), str(tmp / "server.key")
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            "-keyout", key, "-out", cert, "-subj", "/CN=127.0.0.1",
+            "-addext", "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return cert, key, cert
+
+
+async def test_rediss_tls_url(redis_server_factory: RedisServerFactory, tmp_path: Any) -> None:
+    files = _make_tls_files(tmp_path)
+    if files is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key, ca = files
+    from redis_fixtures import free_port
+
+    tls_port = free_port()
+    redis_server_factory(
+        None,
+        "--tls-port", str(tls_port), "--tls-cert-file", cert, "--tls-key-file", key,
+        "--tls-ca-cert-file", ca, "--tls-auth-clients", "no",
+    )  # fmt: skip
+    t = RedisTier(f"rediss://127.0.0.1:{tls_port}/0?ssl_ca_certs={ca}")
+    await t.open()
+    try:
+        await t.write(b"k", b"secret")
+        out = buf(16)
+        assert await t.read_into(b"k", out) == 6
+        assert t.available
+    finally:
+        await t.aclose()
+
+
+@pytest.fixture
+def cluster_server(redis_server_factory: RedisServerFactory, tmp_path: Any) -> RedisServer:
+    """A one-node Redis Cluster owning every slot (multi-key commands still need one slot)."""
+    import socket
+
+    port = __import__("redis_fixtures").free_port()
+    server = redis_server_factory(
+        port,
+        "--cluster-enabled", "yes",
+        "--cluster-config-file", str(tmp_path / f"nodes-{port}.conf"),
+    )  # fmt: skip
+
+    def command(*args: str) -> bytes:
+        payload = f"*{len(args)}\r\n".encode() + b"".join(
+            f"${len(a)}\r\n{a}\r\n".encode() for a in args
+        )
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(payload)
+            return s.recv(65536)
+
+    assert command("CLUSTER", "ADDSLOTSRANGE", "0", "16383").startswith(b"+OK")
+    deadline = time.monotonic() + 10
+    while b"cluster_state:ok" not in command("CLUSTER", "INFO"):
+        if time.monotonic() > deadline:
+            pytest.fail("one-node cluster never reached cluster_state:ok")
+        time.sleep(0.05)
+    return server
+
+
+async def test_cluster_mode_round_trips_across_slots(cluster_server: RedisServer) -> None:
+    t = RedisTier(cluster_server.url.removesuffix("/0"), cluster=True, ttl=60)
+    await t.open()
+    try:
+        keys = [f"cluster-{i}".encode() for i in range(64)]
+        assert await t.write_many([(k, k * 3) for k in keys]) == [None] * 64
+        assert await t.lookup_many([*keys, b"absent"]) == [LookupResult.HIT] * 64 + [
+            LookupResult.MISS
+        ]
+        bufs = [buf(64) for _ in keys]
+        assert await t.read_many_into(keys, bufs) == [len(k) * 3 for k in keys]
+        assert bytes(bufs[7][: len(keys[7]) * 3]) == keys[7] * 3
+        await t.write(b"single", b"one")
+        assert await t.read_into(b"single", buf(8)) == 3
+        assert await t.remove(b"single") is True
+    finally:
+        await t.aclose()
+
+
+# -- configuration and the optional dependency ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"url": "localhost:6379"},
+        {"namespace": ""},
+        {"ttl": 0},
+        {"ttl": -1.0},
+        {"protocol": 4},
+        {"timeout": 0},
+        {"failure_threshold": 0},
+        {"probe_interval": 0},
+    ],
+)
+def test_bad_configuration_is_config_error(kwargs: dict[str, Any]) -> None:
+    args: dict[str, Any] = {"url": "redis://127.0.0.1:1/0", **kwargs}
+    with pytest.raises(ConfigError):
+        RedisTier(**args)
+
+
+def test_missing_redis_extra_names_the_extra() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['redis'] = None\n"
+        "import aiotier.tiers as t\n"
+        "try:\n"
+        "    t.RedisTier('redis://127.0.0.1:6379/0')\n"
+        "except ImportError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert "aiotier[redis]" in out.stdout, out.stdout + out.stderr
