@@ -3,5 +3,6 @@
 from .base import SecondaryTier, TierUsage
 from .memory import MemoryTier
 from .redis import RedisTier  # imports redis-py only when a RedisTier is created
+from .ssd import SSDTier
 
-__all__ = ["MemoryTier", "RedisTier", "SecondaryTier", "TierUsage"]
+__all__ = ["MemoryTier", "RedisTier", "SSDTier", "SecondaryTier", "TierUsage"]

@@ -1,0 +1,1100 @@
+"""A secondary tier on a local disk: one checksummed file per block, bounded, crash-safe.
+
+Layout under ``path`` (see ``docs/ssd.md``)::
+
+    aiotier-ssd            marker: "aiotier-ssd <format>"; refuses foreign, non-empty dirs
+    lock                   flock(LOCK_EX) held while a tier has the directory open
+    00/ .. ff/             256 shards, by the first byte of the key's digest
+      <digest>-<size>.blk  one block: the shared frame (header, key, payload), ``size`` in hex
+      .tmp-<digest>-<n>    a write in progress; renamed into place when complete
+
+The file name is ``blake2b-128(key)``, so no key can name a path outside ``path``, and carries
+the frame's total size, so a restart can spot a torn file with a ``stat`` and never has to open
+one. The index lives in memory, keyed by digest; a restart rebuilds it from names and mtimes.
+
+Every file operation runs on the tier's own thread pool, through ``aiofiles.os.wrap`` of whole
+operations: a read is open + ``preadv`` straight into the caller's buffer + verify + close in
+one thread hop. Operations queued in the same loop iteration share hops (one hop carries many
+blocks), and at most ``io_threads`` hops are in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import stat
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Final
+
+import aiofiles.os
+
+from .._core.budget import ByteBudgetLRU
+from .._types import MAX_KEY_BYTES, LookupResult, normalize_key
+from ..errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
+from .base import SecondaryTier, TierUsage
+from .framing import HEADER, encode_header, frame_size, parse_header, verify_payload
+
+__all__ = ["SSDScan", "SSDTier", "scan_directory"]
+
+log = logging.getLogger("aiotier.ssd")
+
+MARKER_NAME: Final = "aiotier-ssd"
+MARKER_TEXT: Final = "aiotier-ssd 1\n"
+LOCK_NAME: Final = "lock"
+TMP_PREFIX: Final = ".tmp-"
+SHARDS: Final = tuple(f"{i:02x}" for i in range(256))
+_BLOCK_RE: Final = re.compile(r"([0-9a-f]{32})-([0-9a-f]{1,16})\.blk")
+
+#: Most blocks and bytes one thread hop carries: enough to amortise the hop (20-65 µs), small
+#: enough that several hops run in parallel and a cancelled caller never waits long.
+_HOP_MAX_OPS: Final = 32
+_HOP_MAX_BYTES: Final = 8 << 20
+#: How long a cancelled caller waits for a hop already touching its buffer before giving up.
+_CANCEL_GRACE: Final = 30.0
+#: Evicted blocks kept for the tier below before the oldest are dropped (engine not taking).
+_HANDOVER_MAX_BYTES: Final = 256 << 20
+
+_O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
+_READ_FLAGS: Final = os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW
+_TMP_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC | _O_NOFOLLOW
+
+
+def key_digest(key: bytes) -> bytes:
+    """16 bytes naming ``key`` on disk: collision-resistant, so hostile keys cannot collide."""
+    return hashlib.blake2b(key, digest_size=16).digest()
+
+
+def block_relpath(digest: bytes, size: int) -> str:
+    """Path of a block file relative to the tier directory."""
+    h = digest.hex()
+    return f"{h[:2]}/{h}-{size:x}.blk"
+
+
+# -- work done on the tier's threads (no event-loop state touched here) -------------------------
+
+
+def _read_exact_into(fd: int, views: list[memoryview], offset: int) -> int:
+    """``preadv`` until the views are full or EOF; return the bytes read."""
+    want = sum(v.nbytes for v in views)
+    got = os.preadv(fd, views, offset)
+    while 0 < got < want:  # rare: a regular file returns short only at EOF
+        rest: list[memoryview] = []
+        skip = got
+        for v in views:
+            if skip >= v.nbytes:
+                skip -= v.nbytes
+                continue
+            rest.append(v[skip:])
+            skip = 0
+        n = os.preadv(fd, rest, offset + got)
+        if n <= 0:
+            break
+        got += n
+    return got
+
+
+def _write_all(fd: int, chunks: list[memoryview]) -> None:
+    """``writev`` until every byte is written (a disk error raises ``OSError``)."""
+    pending = [c for c in chunks if c.nbytes]
+    while pending:
+        n = os.writev(fd, pending)
+        while n:
+            head = pending[0]
+            if n >= head.nbytes:
+                n -= head.nbytes
+                pending.pop(0)
+            else:
+                pending[0] = head[n:]
+                n = 0
+
+
+def _drop_file(fd: int, path: str) -> None:
+    """Unlink ``path`` if it is still the inode open as ``fd`` (a newer write may have landed)."""
+    try:
+        cur = os.stat(path, follow_symlinks=False)
+        mine = os.fstat(fd)
+        if cur.st_ino == mine.st_ino and cur.st_dev == mine.st_dev:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def _read_block(
+    path: str, key: bytes, payload_len: int, buf: memoryview, stamp: int, where: str
+) -> int:
+    """Open, read header+payload into ``buf`` in one ``preadv``, verify, stamp mtime, close."""
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except FileNotFoundError:
+        return -1
+    try:
+        hdr = bytearray(HEADER.size + len(key))
+        got = _read_exact_into(fd, [memoryview(hdr), buf], 0)
+        try:
+            if got < len(hdr):
+                raise BlockCorruptedError(f"{where}: file of {got} bytes is shorter than a header")
+            header = parse_header(hdr, where=where)
+            if got != len(hdr) + payload_len:
+                raise BlockCorruptedError(
+                    f"{where}: key {key[:64]!r}: file holds {got - len(hdr)} payload bytes, "
+                    f"expected {payload_len}"
+                )
+            verify_payload(header, key, buf, where=where)
+        except BlockCorruptedError:
+            _drop_file(fd, path)
+            raise
+        with contextlib.suppress(OSError):  # recency for the next restart; best effort
+            os.utime(fd, ns=(stamp, stamp))
+        return payload_len
+    finally:
+        os.close(fd)
+
+
+def _read_whole_block(path: str) -> tuple[bytes, bytes] | None:
+    """(key, payload) of a verified block file, or None if it is gone or does not verify."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            blob = f.read()
+        header = parse_header(blob, where=path)
+        payload = memoryview(blob)[header.payload_offset :]
+        verify_payload(header, header.key, payload, where=path)
+        return header.key, bytes(payload)
+    except (OSError, BlockCorruptedError):
+        return None
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quiet(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+class _Op:
+    """One queued unit of disk work: ``run`` on a tier thread, ``finish`` on the loop."""
+
+    __slots__ = ("fut", "nbytes", "started", "withdrawn")
+
+    def __init__(self, fut: asyncio.Future[Any], nbytes: int) -> None:
+        self.fut = fut
+        self.nbytes = nbytes
+        self.started = False
+        self.withdrawn = False
+
+    def run(self) -> Any:
+        raise NotImplementedError
+
+    def finish(self, outcome: Any) -> None:
+        """Apply ``outcome`` (a value or an exception) to the index and resolve ``fut``."""
+        _resolve(self.fut, outcome)
+
+
+def _resolve(fut: asyncio.Future[Any], outcome: Any) -> None:
+    if fut.done():
+        return
+    if isinstance(outcome, BaseException):
+        fut.set_exception(outcome)
+    else:
+        fut.set_result(outcome)
+
+
+def _run_ops(ops: list[_Op]) -> list[Any]:
+    """Body of one thread hop: every op in order, each failure kept in its own slot."""
+    out: list[Any] = []
+    for op in ops:
+        try:
+            out.append(op.run())
+        except Exception as exc:
+            out.append(exc)
+    return out
+
+
+_run_ops_async = aiofiles.os.wrap(_run_ops)
+
+
+# -- start-up scan ------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class SSDScan:
+    """What a scan of a tier directory found (and, when repairing, removed)."""
+
+    blocks: int = 0
+    bytes: int = 0
+    temporaries: int = 0
+    torn: int = 0
+    duplicates: int = 0
+    evicted: int = 0
+    foreign: int = 0
+    newest_mtime_ns: int = 0
+    seconds: float = 0.0
+
+
+def _scan(
+    root: str, capacity: int | None, repair: bool
+) -> tuple[SSDScan, ByteBudgetLRU | None, list[str]]:
+    """Index the block files under ``root`` in mtime order; remove temporaries and torn files.
+
+    With ``capacity``, also evicts least-recent blocks down to the budget. Returns the scan
+    figures, the rebuilt budget (when ``capacity`` is given) and the evicted files' paths.
+    """
+    t0 = time.perf_counter()
+    info = SSDScan()
+    found: dict[bytes, tuple[int, int]] = {}  # digest -> (mtime_ns, size)
+    for shard in SHARDS:
+        shard_dir = os.path.join(root, shard)
+        try:
+            it = os.scandir(shard_dir)
+        except FileNotFoundError:
+            continue
+        with it:
+            for entry in it:
+                name = entry.name
+                if name.startswith(TMP_PREFIX):
+                    info.temporaries += 1
+                    if repair:
+                        _unlink_quiet(entry.path)
+                    continue
+                m = _BLOCK_RE.fullmatch(name)
+                if m is None or m.group(1)[:2] != shard:
+                    info.foreign += 1
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    info.foreign += 1
+                    continue
+                size = int(m.group(2), 16)
+                if st.st_size != size or size < HEADER.size:
+                    info.torn += 1
+                    if repair:
+                        _unlink_quiet(entry.path)
+                    continue
+                digest = bytes.fromhex(m.group(1))
+                prev = found.get(digest)
+                if prev is not None:
+                    # A crash between renaming a resized block into place and unlinking its old
+                    # file leaves two files; the newer one holds the block's latest write.
+                    info.duplicates += 1
+                    if prev[0] <= st.st_mtime_ns:
+                        loser = prev[1]
+                        found[digest] = (st.st_mtime_ns, size)
+                    else:
+                        loser = size
+                    if repair:
+                        _unlink_quiet(os.path.join(root, block_relpath(digest, loser)))
+                    continue
+                found[digest] = (st.st_mtime_ns, size)
+    evicted_paths: list[str] = []
+    budget: ByteBudgetLRU | None = None
+    order = sorted(found.items(), key=lambda kv: kv[1][0])
+    if order:
+        info.newest_mtime_ns = order[-1][1][0]
+    if capacity is not None:
+        budget = ByteBudgetLRU(capacity)
+        for digest, (_mtime, size) in order:
+            budget.load(digest, size)
+        for digest in budget.over_budget():
+            evicted_paths.append(os.path.join(root, block_relpath(digest, found[digest][1])))
+        if repair:
+            for p in evicted_paths:
+                _unlink_quiet(p)
+        info.evicted = len(evicted_paths)
+        info.blocks = len(budget)
+        info.bytes = budget.used
+    else:
+        info.blocks = len(found)
+        info.bytes = sum(size for _m, size in found.values())
+    info.seconds = time.perf_counter() - t0
+    return info, budget, evicted_paths
+
+
+def scan_directory(path: str | os.PathLike[str]) -> SSDScan:
+    """Summarise an SSD tier directory without changing it (for ``aiotier inspect``)."""
+    root = os.fspath(path)
+    if not os.path.isdir(root):
+        raise ConfigError(f"{root!r} is not a directory")
+    info, _budget, _evicted = _scan(root, None, repair=False)
+    return info
+
+
+class _OpenResult:
+    __slots__ = ("budget", "lock_fd", "scan")
+
+    def __init__(self, lock_fd: int, budget: ByteBudgetLRU, scan: SSDScan) -> None:
+        self.lock_fd = lock_fd
+        self.budget = budget
+        self.scan = scan
+
+
+def _open_dir(root: str, capacity: int, tier_name: str) -> _OpenResult:
+    """Create/validate the directory, take its lock, rebuild the index (one thread hop)."""
+    where = f"ssd tier {tier_name!r} at {root!r}"
+    if os.path.lexists(root) and not os.path.isdir(root):
+        raise ConfigError(f"{where}: path exists and is not a directory")
+    try:
+        os.makedirs(root, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise TierUnavailableError(f"{where}: cannot create the directory: {exc}") from exc
+    marker = os.path.join(root, MARKER_NAME)
+    try:
+        with open(marker, encoding="ascii") as f:
+            text = f.read(64)
+    except FileNotFoundError:
+        text = None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TierUnavailableError(f"{where}: cannot read {MARKER_NAME}: {exc}") from exc
+    if text is None:
+        extra = set(os.listdir(root)) - {LOCK_NAME}
+        if extra:
+            raise ConfigError(
+                f"{where}: directory is not empty and has no {MARKER_NAME} marker; refusing to "
+                f"use it (found e.g. {sorted(extra)[0]!r})"
+            )
+    elif text != MARKER_TEXT:
+        raise TieringError(f"{where}: unsupported on-disk format {text.strip()!r}")
+    try:
+        lock_fd = os.open(os.path.join(root, LOCK_NAME), os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise TierUnavailableError(
+            f"{where}: directory is not writable ({exc.strerror or exc})"
+        ) from exc
+    try:
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise TierUnavailableError(
+                f"{where}: directory is locked by another open SSDTier (this or another "
+                f"process); one tier per directory"
+            ) from exc
+        try:
+            if text is None:
+                tmp = os.path.join(root, TMP_PREFIX + MARKER_NAME)
+                with open(tmp, "w", encoding="ascii") as f:
+                    f.write(MARKER_TEXT)
+                os.replace(tmp, marker)
+            for shard in SHARDS:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(os.path.join(root, shard), 0o700)
+            # A read-only or full filesystem shows itself here, not at the first write.
+            probe = os.path.join(root, f"{TMP_PREFIX}probe-{os.getpid()}")
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o600)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise TierUnavailableError(
+                f"{where}: directory is not writable ({exc.strerror or exc})"
+            ) from exc
+        with contextlib.suppress(FileNotFoundError):  # stale temporaries at the top level
+            for name in os.listdir(root):
+                if name.startswith(TMP_PREFIX):
+                    _unlink_quiet(os.path.join(root, name))
+        scan, budget, _evicted = _scan(root, capacity, repair=True)
+        assert budget is not None
+        return _OpenResult(lock_fd, budget, scan)
+    except BaseException:
+        os.close(lock_fd)
+        raise
+
+
+def _close_fd(fd: int) -> None:
+    os.close(fd)
+
+
+_open_dir_async = aiofiles.os.wrap(_open_dir)
+_close_fd_async = aiofiles.os.wrap(_close_fd)
+
+
+# -- the tier -----------------------------------------------------------------------------------
+
+
+class SSDTier(SecondaryTier):
+    """Blocks as checksummed files under ``path``, bounded by ``capacity_bytes`` (LRU).
+
+    ``capacity_bytes`` counts whole files (header and key included). ``fsync=True`` makes each
+    completed write durable before it is reported (file and directory fsynced); without it a
+    crash may lose recent writes, never return wrong bytes. ``io_threads`` sizes the tier's own
+    thread pool, which also bounds the thread hops in flight.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        capacity_bytes: int,
+        *,
+        fsync: bool = False,
+        name: str = "ssd",
+        io_threads: int = 4,
+    ) -> None:
+        super().__init__(name)
+        if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int):
+            raise ConfigError(f"capacity_bytes must be an int, got {capacity_bytes!r}")
+        if capacity_bytes <= 0:
+            raise ConfigError(f"capacity_bytes must be positive, got {capacity_bytes}")
+        if not isinstance(io_threads, int) or isinstance(io_threads, bool) or io_threads < 1:
+            raise ConfigError(f"io_threads must be a positive int, got {io_threads!r}")
+        self.path = os.path.abspath(os.fspath(path))
+        self.fsync = bool(fsync)
+        self.io_threads = io_threads
+        self.capacity_bytes = capacity_bytes
+        self.last_scan: SSDScan | None = None
+        self._budget = ByteBudgetLRU(capacity_bytes)
+        self._executor: ThreadPoolExecutor | None = None
+        self._lock_fd: int | None = None
+        self._open = False
+        self._closing = False
+        self._queue: deque[_Op] = deque()
+        self._flush_scheduled = False
+        self._hops = 0
+        self._hop_tasks: set[asyncio.Task[None]] = set()
+        self._idle: asyncio.Event | None = None
+        self._busy: dict[bytes, asyncio.Future[None]] = {}
+        self._evicted: deque[tuple[bytes, bytes]] = deque()
+        self._evicted_bytes = 0
+        self._last_stamp = 0
+        self._tmp_seq = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __repr__(self) -> str:
+        return f"<SSDTier name={self.name!r} path={self.path!r} capacity={self.capacity_bytes}>"
+
+    async def __aenter__(self) -> SSDTier:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Create and lock the directory and rebuild the index from it (one thread hop)."""
+        if self._open:
+            return
+        loop = asyncio.get_running_loop()
+        executor = ThreadPoolExecutor(self.io_threads, thread_name_prefix=f"aiotier-{self.name}")
+        try:
+            res: _OpenResult = await _open_dir_async(
+                self.path, self.capacity_bytes, self.name, executor=executor
+            )
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        self._executor = executor
+        self._loop = loop
+        self._lock_fd = res.lock_fd
+        self._budget = res.budget
+        self.last_scan = res.scan
+        self.evictions += res.scan.evicted
+        self._last_stamp = max(self._last_stamp, res.scan.newest_mtime_ns)
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closing = False
+        self._open = True
+        if res.scan.temporaries or res.scan.torn or res.scan.duplicates or res.scan.evicted:
+            log.info(
+                "ssd tier %r: removed %d temporaries, %d torn files, %d stale duplicates, "
+                "%d blocks over budget",
+                self.name, res.scan.temporaries, res.scan.torn, res.scan.duplicates,
+                res.scan.evicted,
+            )
+        if res.scan.foreign:
+            log.warning(
+                "ssd tier %r: ignoring %d foreign entries under %s",
+                self.name, res.scan.foreign, self.path,
+            )
+
+    async def aclose(self) -> None:
+        """Let queued and running disk work finish (bounded), release the lock and the threads."""
+        if not self._open:
+            return
+        self._closing = True
+        assert self._idle is not None
+        assert self._executor is not None
+        if not self._idle.is_set():
+            try:
+                await asyncio.wait_for(self._idle.wait(), _CANCEL_GRACE)
+            except TimeoutError:
+                log.error("ssd tier %r: disk work still running after %ss; closing anyway",
+                          self.name, _CANCEL_GRACE)
+        self._open = False
+        executor, self._executor = self._executor, None
+        lock_fd, self._lock_fd = self._lock_fd, None
+        try:
+            if lock_fd is not None:
+                await _close_fd_async(lock_fd, executor=executor)
+        finally:
+            executor.shutdown(wait=False)
+            self._busy.clear()
+
+    def _check_open(self) -> None:
+        if not self._open or self._closing:
+            state = "closing" if self._open else "not open"
+            raise TierUnavailableError(f"ssd tier {self.name!r} at {self.path!r} is {state}")
+
+    # -- the op queue --------------------------------------------------------------------------
+
+    def _enqueue(self, op: _Op) -> None:
+        self._queue.append(op)
+        assert self._idle is not None
+        self._idle.clear()
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Pack queued ops into hops, spreading them over the free threads."""
+        self._flush_scheduled = False
+        queue = self._queue
+        while queue and queue[0].withdrawn:
+            queue.popleft()
+        while queue and self._hops < self.io_threads:
+            free = self.io_threads - self._hops
+            share = -(-len(queue) // free)
+            batch: list[_Op] = []
+            nbytes = 0
+            while queue and len(batch) < min(share, _HOP_MAX_OPS):
+                op = queue[0]
+                if op.withdrawn:
+                    queue.popleft()
+                    continue
+                if batch and nbytes + op.nbytes > _HOP_MAX_BYTES:
+                    break
+                queue.popleft()
+                op.started = True
+                batch.append(op)
+                nbytes += op.nbytes
+            if not batch:
+                break
+            self._hops += 1
+            assert self._loop is not None
+            task = self._loop.create_task(self._hop(batch))
+            self._hop_tasks.add(task)
+            task.add_done_callback(self._hop_tasks.discard)
+        self._maybe_idle()
+
+    def _maybe_idle(self) -> None:
+        if self._hops == 0 and not self._queue and self._idle is not None:
+            self._idle.set()
+
+    async def _hop(self, batch: list[_Op]) -> None:
+        outcomes: list[Any]
+        try:
+            outcomes = await _run_ops_async(batch, executor=self._executor)
+        except BaseException as exc:  # loop teardown cancelled us; the thread may still run
+            err = TierUnavailableError(f"ssd tier {self.name!r}: disk work abandoned: {exc!r}")
+            outcomes = [err] * len(batch)
+        finally:
+            self._hops -= 1
+        for op, outcome in zip(batch, outcomes, strict=True):
+            try:
+                op.finish(outcome)
+            except Exception:  # finish only touches the index; never let one op stop the rest
+                log.exception("ssd tier %r: finishing a disk op failed", self.name)
+        if self._queue and not self._flush_scheduled:
+            self._flush()
+        self._maybe_idle()
+
+    async def _submit(self, op: _Op, *, withdrawable: bool) -> Any:
+        """Queue ``op`` and await its outcome.
+
+        A cancelled caller whose op is already on a thread waits (up to ``_CANCEL_GRACE``) for
+        the thread to finish before re-raising: the op may be writing into, or reading from,
+        the caller's buffer, and the caller may reuse that buffer as soon as we return.
+        """
+        self._enqueue(op)
+        try:
+            return await asyncio.shield(op.fut)
+        except asyncio.CancelledError:
+            if not op.started and withdrawable:
+                op.withdrawn = True
+                op.fut.cancel()
+                raise
+            await _wait_settled(op.fut)
+            raise
+
+    def _next_stamp(self) -> int:
+        """A strictly increasing wall-clock ns stamp: file mtimes carry exact LRU order."""
+        t = time.time_ns()
+        if t <= self._last_stamp:
+            t = self._last_stamp + 1
+        self._last_stamp = t
+        return t
+
+    def _path(self, digest: bytes, size: int) -> str:
+        return os.path.join(self.path, block_relpath(digest, size))
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    async def lookup(self, key: bytes) -> LookupResult:
+        self._check_open()
+        return LookupResult.HIT if key_digest(_as_key(key)) in self._budget else LookupResult.MISS
+
+    async def lookup_many(self, keys: Sequence[bytes]) -> list[LookupResult]:
+        self._check_open()
+        budget = self._budget
+        hit, miss = LookupResult.HIT, LookupResult.MISS
+        return [hit if key_digest(_as_key(k)) in budget else miss for k in keys]
+
+    def _read_op(self, key: bytes, buf: memoryview) -> _ReadOp | None:
+        key = _as_key(key)
+        digest = key_digest(key)
+        size = self._budget.size_of(digest)
+        if size is None:
+            return None
+        payload_len = size - HEADER.size - len(key)
+        if payload_len < 0:  # the file cannot hold this key: not a block of this key
+            self._budget.discard(digest)
+            raise BlockCorruptedError(
+                f"ssd tier {self.name!r}: key {key[:64]!r}: block file of {size} bytes cannot "
+                f"hold its header"
+            )
+        if buf.nbytes < payload_len:
+            raise ValueError(
+                f"ssd tier {self.name!r}: block {key[:64]!r} is {payload_len} bytes, buffer "
+                f"holds {buf.nbytes}"
+            )
+        self._budget.touch(digest)
+        assert self._loop is not None
+        return _ReadOp(
+            self, self._loop.create_future(), key, digest, size, payload_len,
+            _byte_view(buf)[:payload_len], self._next_stamp(),
+        )
+
+    async def read_into(self, key: bytes, buf: memoryview) -> int:
+        self._check_open()
+        op = self._read_op(key, buf)
+        if op is None:
+            return -1
+        result: int = await self._submit(op, withdrawable=True)
+        return result
+
+    async def read_many_into(
+        self, keys: Sequence[bytes], bufs: Sequence[memoryview]
+    ) -> list[int | Exception]:
+        """Read many blocks; they share thread hops, and one bad block never fails the rest."""
+        self._check_open()
+        if len(keys) != len(bufs):
+            raise ValueError(f"{len(keys)} keys but {len(bufs)} buffers")
+        out: list[int | Exception] = [-1] * len(keys)
+        waits: list[tuple[int, _ReadOp]] = []
+        for i, (k, b) in enumerate(zip(keys, bufs, strict=True)):
+            try:
+                op = self._read_op(k, b)
+            except Exception as exc:
+                out[i] = exc
+                continue
+            if op is not None:
+                self._enqueue(op)
+                waits.append((i, op))
+        if waits:
+            try:
+                await asyncio.wait([op.fut for _i, op in waits])
+            except asyncio.CancelledError:
+                for _i, op in waits:
+                    if not op.started:
+                        op.withdrawn = True
+                for _i, op in waits:
+                    if op.started:
+                        await _wait_settled(op.fut)
+                    else:
+                        op.fut.cancel()
+                raise
+            for i, op in waits:
+                failure = op.fut.exception()
+                out[i] = op.fut.result() if failure is None else _as_exception(failure)
+        return out
+
+    def _read_finished(self, op: _ReadOp, outcome: Any) -> None:
+        if outcome == -1 or isinstance(outcome, BlockCorruptedError):
+            # The file is gone or was dropped: forget it, unless a write of the key is in
+            # flight (that write owns the index entry now).
+            if op.digest not in self._busy and self._budget.size_of(op.digest) == op.size:
+                self._budget.discard(op.digest)
+        elif isinstance(outcome, OSError):
+            err = TierUnavailableError(
+                f"ssd tier {self.name!r}: reading block {op.key[:64]!r}: {outcome}"
+            )
+            err.__cause__ = outcome
+            outcome = err
+        _resolve(op.fut, outcome)
+
+    # -- writes --------------------------------------------------------------------------------
+
+    async def _acquire(self, digests: Sequence[bytes]) -> None:
+        """Own every digest in ``digests`` (writes and removes of one key never overlap)."""
+        assert self._loop is not None
+        while True:
+            for d in digests:
+                fut = self._busy.get(d)
+                if fut is not None:
+                    await asyncio.shield(fut)
+                    break
+            else:
+                for d in digests:
+                    self._busy[d] = self._loop.create_future()
+                return
+
+    def _release(self, digest: bytes) -> None:
+        fut = self._busy.pop(digest, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def _admit(self, digest: bytes, size: int) -> list[tuple[bytes, int]]:
+        """Account a new file of ``size`` bytes; return the (digest, size) evicted for it."""
+        budget = self._budget
+        budget.discard(digest)
+        victims: list[tuple[bytes, int]] = []
+        while budget.used + size > budget.capacity:
+            victim = next(iter(budget))
+            vsize = budget.discard(victim)
+            assert vsize is not None
+            victims.append((victim, vsize))
+        budget.load(digest, size)
+        self.evictions += len(victims)
+        return victims
+
+    def _write_op(self, key: bytes, data: bytes | memoryview) -> _WriteOp:
+        """Admit one block into the budget and build its write (the digest is already owned)."""
+        assert self._loop is not None
+        view = _byte_view(data)
+        size = frame_size(key, view.nbytes)
+        digest = key_digest(key)
+        old = self._budget.size_of(digest)
+        victims = self._admit(digest, size)
+        # A victim another op is writing is cleaned up by that op when it finishes.
+        unlink = [self._path(d, s) for d, s in victims if d not in self._busy]
+        self._tmp_seq += 1
+        final = self._path(digest, size)
+        tmp = os.path.join(
+            os.path.dirname(final), f"{TMP_PREFIX}{digest.hex()}-{self._tmp_seq:x}"
+        )
+        old_path = None if old is None or old == size else self._path(digest, old)
+        return _WriteOp(
+            self, self._loop.create_future(), key, digest, size, view, final, tmp, old_path,
+            unlink, self.handover_evicted, self._next_stamp(),
+        )
+
+    def _check_write(self, key: bytes, data: bytes | memoryview) -> bytes:
+        key = _as_key(key)
+        if len(key) > MAX_KEY_BYTES:
+            raise ValueError(f"block key is {len(key)} bytes, more than {MAX_KEY_BYTES}")
+        n = _byte_view(data).nbytes
+        size = frame_size(key, n)
+        if size > self.capacity_bytes:
+            raise ValueError(
+                f"ssd tier {self.name!r}: block {key[:64]!r} of {n} bytes ({size} on disk) "
+                f"exceeds the tier's {self.capacity_bytes}-byte capacity"
+            )
+        return key
+
+    async def write(self, key: bytes, data: bytes | memoryview) -> None:
+        self._check_open()
+        key = self._check_write(key, data)
+        digest = key_digest(key)
+        await self._acquire((digest,))
+        try:
+            op = self._write_op(key, data)
+        except BaseException:
+            self._release(digest)
+            raise
+        await self._submit(op, withdrawable=False)
+
+    async def write_many(
+        self, items: Sequence[tuple[bytes, bytes | memoryview]]
+    ) -> list[Exception | None]:
+        """Write many blocks through shared thread hops; failures are returned per item."""
+        self._check_open()
+        out: list[Exception | None] = [None] * len(items)
+        last: dict[bytes, int] = {}  # digest -> index of its last write in ``items``
+        keys: list[bytes | None] = []
+        for i, (k, d) in enumerate(items):
+            try:
+                key = self._check_write(k, d)
+            except Exception as exc:
+                out[i] = exc
+                keys.append(None)
+                continue
+            keys.append(key)
+            last[key_digest(key)] = i  # an earlier write of the same key is superseded
+        if not last:
+            return out
+        digests = list(last)
+        await self._acquire(digests)
+        ops: list[tuple[int, _WriteOp]] = []
+        for i in last.values():
+            wkey = keys[i]
+            assert wkey is not None
+            ops.append((i, self._write_op(wkey, items[i][1])))
+        for _i, op in ops:
+            self._enqueue(op)
+        try:
+            await asyncio.wait([op.fut for _i, op in ops])
+        except asyncio.CancelledError:
+            for _i, op in ops:
+                await _wait_settled(op.fut)
+            raise
+        for i, op in ops:
+            failure = op.fut.exception()
+            out[i] = None if failure is None else _as_exception(failure)
+        return out
+
+    def _write_finished(self, op: _WriteOp, outcome: Any) -> None:
+        if isinstance(outcome, BaseException):
+            # A failed write leaves no file for the key (the older version was dropped too:
+            # no tier may return older bytes after a newer write was accepted).
+            if self._budget.size_of(op.digest) == op.size:
+                self._budget.discard(op.digest)
+            self._release(op.digest)
+            if isinstance(outcome, OSError):
+                err = TierUnavailableError(
+                    f"ssd tier {self.name!r}: writing block {op.key[:64]!r} ({op.size} bytes on "
+                    f"disk): {outcome.strerror or outcome}"
+                )
+                err.__cause__ = outcome
+                outcome = err
+            _resolve(op.fut, outcome)
+            return
+        evicted: list[tuple[bytes, bytes]] = outcome
+        self._hand_over(evicted)
+        if self._budget.size_of(op.digest) != op.size:
+            # Evicted by another write while ours was on a thread: remove what we just wrote.
+            assert self._loop is not None
+            cleanup = _UnlinkOp(self, self._loop.create_future(), op.final, op.digest)
+            self._enqueue(cleanup)
+        else:
+            self._release(op.digest)
+        _resolve(op.fut, None)
+
+    def _hand_over(self, evicted: list[tuple[bytes, bytes]]) -> None:
+        if not evicted or not self.handover_evicted:
+            return
+        for item in evicted:
+            self._evicted.append(item)
+            self._evicted_bytes += len(item[1])
+        while self._evicted_bytes > _HANDOVER_MAX_BYTES and self._evicted:
+            _k, data = self._evicted.popleft()
+            self._evicted_bytes -= len(data)
+
+    def take_evicted(self) -> list[tuple[bytes, bytes]]:
+        out = list(self._evicted)
+        self._evicted.clear()
+        self._evicted_bytes = 0
+        return out
+
+    async def remove(self, key: bytes) -> bool:
+        self._check_open()
+        key = _as_key(key)
+        digest = key_digest(key)
+        await self._acquire((digest,))
+        size = self._budget.discard(digest)
+        if size is None:
+            self._release(digest)
+            return False
+        assert self._loop is not None
+        op = _UnlinkOp(self, self._loop.create_future(), self._path(digest, size), digest)
+        await self._submit(op, withdrawable=False)
+        return True
+
+    def contains_hint(self, key: bytes) -> bool | None:
+        """Exact: the index in memory is the truth about what is on disk."""
+        return key_digest(_as_key(key)) in self._budget
+
+    def usage(self) -> TierUsage:
+        return TierUsage(len(self._budget), self._budget.used, self._budget.capacity)
+
+
+# -- ops ----------------------------------------------------------------------------------------
+
+
+class _ReadOp(_Op):
+    __slots__ = ("buf", "digest", "key", "path", "payload_len", "size", "stamp", "tier")
+
+    def __init__(
+        self,
+        tier: SSDTier,
+        fut: asyncio.Future[Any],
+        key: bytes,
+        digest: bytes,
+        size: int,
+        payload_len: int,
+        buf: memoryview,
+        stamp: int,
+    ) -> None:
+        super().__init__(fut, size)
+        self.tier = tier
+        self.key = key
+        self.digest = digest
+        self.size = size
+        self.payload_len = payload_len
+        self.buf = buf
+        self.stamp = stamp
+        self.path = tier._path(digest, size)
+
+    def run(self) -> int:
+        return _read_block(
+            self.path, self.key, self.payload_len, self.buf, self.stamp,
+            f"ssd tier {self.tier.name!r} file {self.path}",
+        )
+
+    def finish(self, outcome: Any) -> None:
+        self.tier._read_finished(self, outcome)
+
+
+class _WriteOp(_Op):
+    __slots__ = (
+        "data", "digest", "final", "handover", "key", "old_path", "size", "stamp", "tier", "tmp",
+        "unlink",
+    )
+
+    def __init__(
+        self,
+        tier: SSDTier,
+        fut: asyncio.Future[Any],
+        key: bytes,
+        digest: bytes,
+        size: int,
+        data: memoryview,
+        final: str,
+        tmp: str,
+        old_path: str | None,
+        unlink: list[str],
+        handover: bool,
+        stamp: int,
+    ) -> None:
+        super().__init__(fut, size)
+        self.tier = tier
+        self.key = key
+        self.digest = digest
+        self.size = size
+        self.data = data
+        self.final = final
+        self.tmp = tmp
+        self.old_path = old_path
+        self.unlink = unlink
+        self.handover = handover
+        self.stamp = stamp
+
+    def run(self) -> list[tuple[bytes, bytes]]:
+        evicted: list[tuple[bytes, bytes]] = []
+        for victim in self.unlink:  # make room first
+            if self.handover:
+                got = _read_whole_block(victim)
+                if got is not None:
+                    evicted.append(got)
+            _unlink_quiet(victim)
+        try:
+            self._write()
+        except BaseException:
+            # No older bytes may survive a newer write that was accepted and then failed.
+            for p in (self.final, self.old_path):
+                if p is not None:
+                    with contextlib.suppress(OSError):
+                        _unlink_quiet(p)
+            raise
+        if self.old_path is not None:
+            _unlink_quiet(self.old_path)
+        return evicted
+
+    def _write(self) -> None:
+        header = encode_header(self.key, self.data)
+        try:
+            fd = os.open(self.tmp, _TMP_FLAGS, 0o600)
+        except FileExistsError:  # a stale temporary of a crashed process with our pid reuse
+            _unlink_quiet(self.tmp)
+            fd = os.open(self.tmp, _TMP_FLAGS, 0o600)
+        try:
+            try:
+                _write_all(fd, [memoryview(header), self.data])
+                os.utime(fd, ns=(self.stamp, self.stamp))
+                if self.tier.fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(self.tmp, self.final)
+        except BaseException:
+            _unlink_quiet(self.tmp)
+            raise
+        if self.tier.fsync:
+            _fsync_dir(os.path.dirname(self.final))
+
+    def finish(self, outcome: Any) -> None:
+        self.tier._write_finished(self, outcome)
+
+
+class _UnlinkOp(_Op):
+    __slots__ = ("digest", "path", "tier")
+
+    def __init__(self, tier: SSDTier, fut: asyncio.Future[Any], path: str, digest: bytes) -> None:
+        super().__init__(fut, 0)
+        self.tier = tier
+        self.path = path
+        self.digest = digest
+
+    def run(self) -> None:
+        _unlink_quiet(self.path)
+        if self.tier.fsync:
+            _fsync_dir(os.path.dirname(self.path))
+
+    def finish(self, outcome: Any) -> None:
+        self.tier._release(self.digest)
+        if isinstance(outcome, OSError):
+            log.warning("ssd tier %r: removing %s failed: %s", self.tier.name, self.path, outcome)
+            outcome = None
+        _resolve(self.fut, outcome)
+
+
+async def _wait_settled(fut: asyncio.Future[Any]) -> None:
+    """Wait, ignoring further cancellation, until ``fut`` settles (at most ``_CANCEL_GRACE``).
+
+    Used after a caller was cancelled while its op was on (or bound for) a thread: the op may
+    touch the caller's buffer until then.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _CANCEL_GRACE
+    while not fut.done():
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            log.error(
+                "ssd tier: a cancelled disk operation is still running after %ss", _CANCEL_GRACE
+            )
+            return
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait((fut,), timeout=remaining)
+    if not fut.cancelled():
+        fut.exception()  # mark retrieved: the cancelled caller will not look at it
+
+
+def _as_exception(exc: BaseException) -> Exception:
+    return exc if isinstance(exc, Exception) else TieringError(repr(exc))
+
+
+def _as_key(key: object) -> bytes:
+    return key if type(key) is bytes else normalize_key(key)
+
+
+def _byte_view(data: bytes | bytearray | memoryview) -> memoryview:
+    view = data if isinstance(data, memoryview) else memoryview(data)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
+
