@@ -1,0 +1,55 @@
+"""aiotier: an asyncio-native tiering engine for blocks of bytes.
+
+A small preallocated primary arena sits over larger, slower secondary tiers (memory, a local
+SSD, a shared Redis/Valkey). Lookups answer HIT, MISS or RETRY; blocks found below the primary
+are promoted by background tasks; metrics are buffered per step and exported through
+OpenTelemetry.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("aiotier")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0.0.0"
+
+from ._types import (
+    BlockEvent,
+    LoadSpec,
+    LookupResult,
+    PrepareStoreOutput,
+    RequestContext,
+    StoreSpec,
+)
+from .engine import EngineStats, TieringEngine
+from .errors import (
+    BlockCorruptedError,
+    BlockNotReadyError,
+    ConfigError,
+    TieringError,
+    TierUnavailableError,
+)
+from .tiers.base import SecondaryTier, TierUsage
+from .tiers.memory import MemoryTier
+from .tiers.primary import PrimaryTier
+
+__all__ = [
+    "BlockCorruptedError",
+    "BlockEvent",
+    "BlockNotReadyError",
+    "ConfigError",
+    "EngineStats",
+    "LoadSpec",
+    "LookupResult",
+    "MemoryTier",
+    "PrepareStoreOutput",
+    "PrimaryTier",
+    "RequestContext",
+    "SecondaryTier",
+    "StoreSpec",
+    "TierUnavailableError",
+    "TierUsage",
+    "TieringEngine",
+    "TieringError",
+    "__version__",
+]

@@ -1,0 +1,64 @@
+"""The primary arena: one preallocated buffer cut into equal slots, each remembering its length."""
+
+from __future__ import annotations
+
+from array import array
+
+from ..errors import ConfigError
+
+__all__ = ["Arena"]
+
+
+class Arena:
+    """``num_blocks`` slots of ``block_size`` bytes in a single ``bytearray``.
+
+    Views are zero-copy ``memoryview`` slices, so tiers read straight into a slot and loaders
+    read straight out of it.
+    """
+
+    __slots__ = ("_buf", "_view", "block_size", "lengths", "num_blocks")
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        for field, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{field} must be an int, got {type(value).__name__}")
+            if value <= 0:
+                raise ConfigError(f"{field} must be > 0, got {value}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        try:
+            self._buf = bytearray(num_blocks * block_size)
+        except MemoryError as exc:
+            raise ConfigError(
+                f"cannot allocate a {num_blocks} x {block_size}-byte primary arena"
+            ) from exc
+        self._view = memoryview(self._buf)
+        self.lengths = array("Q", bytes(8 * num_blocks))
+
+    @property
+    def nbytes(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def slot_view(self, slot: int) -> memoryview:
+        """The whole writable slot (``block_size`` bytes)."""
+        off = slot * self.block_size
+        return self._view[off : off + self.block_size]
+
+    def data_view(self, slot: int) -> memoryview:
+        """A read-only view of exactly the bytes stored in ``slot``."""
+        off = slot * self.block_size
+        return self._view[off : off + self.lengths[slot]].toreadonly()
+
+    def read(self, slot: int) -> bytes:
+        off = slot * self.block_size
+        return self._view[off : off + self.lengths[slot]].tobytes()
+
+    def write(self, slot: int, data: bytes | bytearray | memoryview) -> None:
+        n = len(data)
+        off = slot * self.block_size
+        self._view[off : off + n] = data
+        self.lengths[slot] = n
+
+    def close(self) -> None:
+        """Release the buffer (views handed out earlier must have been released)."""
+        self._view.release()

@@ -1,0 +1,208 @@
+"""Eviction policies for the primary arena, behind one small slot-based interface.
+
+``evict(n, evictable)`` is atomic: it returns exactly ``n`` victims (already removed from the
+policy) or ``None`` with nothing changed, so a failed allocation never disturbs recency.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable
+
+from ..errors import ConfigError
+
+__all__ = ["ARCPolicy", "EvictionPolicy", "LRUPolicy", "make_policy"]
+
+Evictable = Callable[[int], bool]
+
+
+class EvictionPolicy(ABC):
+    """Orders resident slots for eviction."""
+
+    @abstractmethod
+    def insert(self, slot: int, key: bytes) -> None:
+        """``slot`` now holds ``key`` (most recently used)."""
+
+    @abstractmethod
+    def touch(self, slot: int) -> None:
+        """``slot`` was used."""
+
+    @abstractmethod
+    def remove(self, slot: int) -> None:
+        """``slot`` left the arena other than by eviction (deleted, failed, replaced)."""
+
+    @abstractmethod
+    def evict(self, n: int, evictable: Evictable) -> list[int] | None:
+        """Choose and remove ``n`` victims among slots for which ``evictable`` is true."""
+
+    @abstractmethod
+    def order(self) -> list[int]:
+        """Resident slots, next victim first (for tests and inspection)."""
+
+
+class LRUPolicy(EvictionPolicy):
+    """Least recently used, as an intrusive doubly linked list over slot numbers.
+
+    Two ``array('i')`` of ``num_blocks + 1`` entries (the last is the sentinel) cost 8 bytes per
+    block and no Python object per entry, which keeps a 1e6-block index small.
+    """
+
+    __slots__ = ("_next", "_prev", "_sentinel")
+
+    def __init__(self, num_blocks: int) -> None:
+        self._sentinel = s = num_blocks
+        self._next = array("i", [-1]) * (num_blocks + 1)
+        self._prev = array("i", [-1]) * (num_blocks + 1)
+        self._next[s] = s
+        self._prev[s] = s
+
+    def _link_mru(self, slot: int) -> None:
+        s = self._sentinel
+        last = self._prev[s]
+        self._next[last] = slot
+        self._prev[slot] = last
+        self._next[slot] = s
+        self._prev[s] = slot
+
+    def _unlink(self, slot: int) -> None:
+        p = self._prev[slot]
+        n = self._next[slot]
+        self._next[p] = n
+        self._prev[n] = p
+        self._next[slot] = -1
+        self._prev[slot] = -1
+
+    def insert(self, slot: int, key: bytes) -> None:
+        if self._next[slot] != -1:
+            self._unlink(slot)
+        self._link_mru(slot)
+
+    def touch(self, slot: int) -> None:
+        if self._next[slot] != -1 and self._prev[self._sentinel] != slot:
+            self._unlink(slot)
+            self._link_mru(slot)
+
+    def remove(self, slot: int) -> None:
+        if self._next[slot] != -1:
+            self._unlink(slot)
+
+    def evict(self, n: int, evictable: Evictable) -> list[int] | None:
+        victims: list[int] = []
+        s = self._sentinel
+        nxt = self._next
+        cur = nxt[s]
+        while cur != s and len(victims) < n:
+            if evictable(cur):
+                victims.append(cur)
+            cur = nxt[cur]
+        if len(victims) < n:
+            return None
+        for v in victims:
+            self._unlink(v)
+        return victims
+
+    def order(self) -> list[int]:
+        out = []
+        s = self._sentinel
+        cur = self._next[s]
+        while cur != s:
+            out.append(cur)
+            cur = self._next[cur]
+        return out
+
+
+class ARCPolicy(EvictionPolicy):
+    """Adaptive Replacement Cache (Megiddo & Modha, FAST 2003) over slots.
+
+    ``T1`` holds blocks seen once recently, ``T2`` blocks seen at least twice; the ghost lists
+    ``B1``/``B2`` remember keys recently evicted from each. A re-insert of a ghost key moves the
+    target size ``p`` of ``T1`` towards recency (B1 hit) or frequency (B2 hit), so a scan cannot
+    flush a frequently used working set the way it flushes LRU.
+    """
+
+    __slots__ = ("_b1", "_b2", "_c", "_t1", "_t2", "p")
+
+    def __init__(self, num_blocks: int) -> None:
+        self._c = num_blocks
+        self.p = 0.0
+        self._t1: OrderedDict[int, bytes] = OrderedDict()
+        self._t2: OrderedDict[int, bytes] = OrderedDict()
+        self._b1: OrderedDict[bytes, None] = OrderedDict()
+        self._b2: OrderedDict[bytes, None] = OrderedDict()
+
+    def insert(self, slot: int, key: bytes) -> None:
+        self.remove(slot)
+        if key in self._b1:
+            self.p = min(float(self._c), self.p + max(len(self._b2) / len(self._b1), 1.0))
+            del self._b1[key]
+            self._t2[slot] = key
+        elif key in self._b2:
+            self.p = max(0.0, self.p - max(len(self._b1) / len(self._b2), 1.0))
+            del self._b2[key]
+            self._t2[slot] = key
+        else:
+            self._t1[slot] = key
+        self._trim_ghosts()
+
+    def _trim_ghosts(self) -> None:
+        c = self._c
+        while self._b1 and len(self._t1) + len(self._b1) > c:
+            self._b1.popitem(last=False)
+        while self._b2 and len(self._t1) + len(self._t2) + len(self._b1) + len(self._b2) > 2 * c:
+            self._b2.popitem(last=False)
+
+    def touch(self, slot: int) -> None:
+        key = self._t1.pop(slot, None)
+        if key is not None:
+            self._t2[slot] = key
+        elif slot in self._t2:
+            self._t2.move_to_end(slot)
+
+    def remove(self, slot: int) -> None:
+        if self._t1.pop(slot, None) is None:
+            self._t2.pop(slot, None)
+
+    def evict(self, n: int, evictable: Evictable) -> list[int] | None:
+        it1 = (s for s in self._t1 if evictable(s))
+        it2 = (s for s in self._t2 if evictable(s))
+        victims: list[int] = []
+        t1_len = len(self._t1)
+        for _ in range(n):
+            # REPLACE: take from T1 while it is above its target size p, else from T2;
+            # fall back to the other list when the preferred one has nothing evictable.
+            if t1_len > self.p:
+                v = next(it1, None)
+                if v is not None:
+                    t1_len -= 1
+                else:
+                    v = next(it2, None)
+            else:
+                v = next(it2, None)
+                if v is None:
+                    v = next(it1, None)
+                    if v is not None:
+                        t1_len -= 1
+            if v is None:
+                return None
+            victims.append(v)
+        for v in victims:
+            key = self._t1.pop(v, None)
+            if key is not None:
+                self._b1[key] = None
+            else:
+                self._b2[self._t2.pop(v)] = None
+        self._trim_ghosts()
+        return victims
+
+    def order(self) -> list[int]:
+        return [*self._t1, *self._t2]
+
+
+def make_policy(name: str, num_blocks: int) -> EvictionPolicy:
+    if name == "lru":
+        return LRUPolicy(num_blocks)
+    if name == "arc":
+        return ARCPolicy(num_blocks)
+    raise ConfigError(f"unknown eviction policy {name!r}; expected 'lru' or 'arc'")

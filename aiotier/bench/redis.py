@@ -1,0 +1,264 @@
+"""``redis_promote``: promoting blocks from a shared Redis, against a plain MGET and aiocache.
+
+The aiotier figure is what a scheduler sees: the blocks are requested 64 at a time with
+``lookup_prefix`` (which starts their promotions from the Redis tier) and then ``wait``; the
+bytes land in the primary arena, verified. The floor is the fastest simple thing that moves the
+same bytes: redis-py ``MGET`` of the same 64 values per round trip, no verification, no copy.
+The peer is what a user would reach for instead: aiocache ``RedisCache.get`` of each value (64
+concurrent gets per batch, raw bytes, no serializer work). All three read the same values from
+the same server in the same process run, alternating rounds; figures are GB/s medians.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import statistics
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from ..tiers.redis import RedisTier
+from .common import Case, LoopLagTicker, Measure
+
+__all__ = ["local_redis_server", "run", "run_local"]
+
+BLOCK_SIZE = 256 * 1024
+BATCH = 64
+NAMESPACE = "aiotier-bench"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def _answers_ping(port: int) -> bool:
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 0.5)
+    except (OSError, TimeoutError):
+        return False
+    try:
+        writer.write(b"*1\r\n$4\r\nPING\r\n")
+        await writer.drain()
+        return (await asyncio.wait_for(reader.read(16), 0.5)).startswith(b"+PONG")
+    except (OSError, TimeoutError):
+        return False
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+@contextlib.asynccontextmanager
+async def local_redis_server(maxmemory: str = "2gb") -> AsyncIterator[str | None]:
+    """A private ``redis-server`` on 127.0.0.1 for the run, or ``None`` when none is installed.
+
+    Nothing is persisted, and the server is stopped by its own pid when the block ends.
+    """
+    exe = shutil.which("redis-server")
+    if exe is None:
+        yield None
+        return
+    port = _free_port()
+    proc = await asyncio.create_subprocess_exec(
+        exe,
+        "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        "--maxmemory", maxmemory, "--maxmemory-policy", "allkeys-lru",
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 15
+        while not await _answers_ping(port):
+            if proc.returncode is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server on port {port} did not start")
+            await asyncio.sleep(0.02)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+async def run_local(quick: bool) -> list[Case]:
+    """:func:`run` against a server of its own; a skipped case when redis-server is missing."""
+    async with local_redis_server() as url:
+        if url is None:
+            return [
+                Case(
+                    "redis_promote",
+                    {"block_size": BLOCK_SIZE},
+                    "GB/s",
+                    True,
+                    None,
+                    skipped="redis-server is not installed (apt-get install redis-server)",
+                )
+            ]
+        return await run(quick, url)
+
+
+def _engine_available() -> bool:
+    try:
+        from ..engine import TieringEngine  # noqa: F401
+        from ..tiers.primary import PrimaryTier  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+async def run(quick: bool, url: str) -> list[Case]:
+    """The ``redis_promote`` case on the server at ``url`` (its namespace is emptied after)."""
+    blocks = 256 if quick else 1024
+    rounds = 3 if quick else 7
+    keys = [f"bench-block-{i}".encode() for i in range(blocks)]
+    batches = [keys[i : i + BATCH] for i in range(0, blocks, BATCH)]
+    total_bytes = blocks * BLOCK_SIZE
+    payload = os.urandom(BLOCK_SIZE)
+
+    import redis.asyncio as redis_asyncio
+    from aiocache import RedisCache  # type: ignore[import-untyped]
+    from aiocache.serializers import NullSerializer  # type: ignore[import-untyped]
+
+    tier = RedisTier(url, namespace=NAMESPACE, timeout=30.0)
+    await tier.open()
+    plain = redis_asyncio.Redis.from_url(url)
+    host, port = url.removeprefix("redis://").split("/")[0].split(":")
+    peer = RedisCache(
+        serializer=NullSerializer(encoding=None), endpoint=host, port=int(port), namespace=""
+    )
+    use_engine = _engine_available()
+    stack = contextlib.AsyncExitStack()
+    try:
+        # Every block differs in a few bytes, so no layer can get away with sharing one object.
+        for batch in batches:
+            items = [(k, k[-8:].rjust(8, b"-") + payload[8:]) for k in batch]
+            errors = await tier.write_many(items)
+            if any(errors):
+                raise RuntimeError(f"writing the benchmark blocks failed: {errors!r}")
+        rkeys = [tier.redis_key(k) for k in keys]
+        rkey_batches = [rkeys[i : i + BATCH] for i in range(0, blocks, BATCH)]
+        str_batches = [[k.decode() for k in b] for b in rkey_batches]
+
+        ticker = LoopLagTicker()
+        promoter = _engine_promoter if use_engine else _tier_promoter
+        promote = await stack.enter_async_context(promoter(tier, batches))
+
+        async def aiotier_round() -> float:
+            async with ticker:
+                t0 = time.perf_counter()
+                await promote()
+                return total_bytes / (time.perf_counter() - t0) / 1e9
+
+        async def floor_round() -> float:
+            t0 = time.perf_counter()
+            for b in rkey_batches:
+                values = await plain.mget(b)
+                assert all(v is not None for v in values)
+            return total_bytes / (time.perf_counter() - t0) / 1e9
+
+        async def peer_round() -> float:
+            t0 = time.perf_counter()
+            for b in str_batches:
+                values = await asyncio.gather(*(peer.get(k) for k in b))
+                assert all(v is not None for v in values)
+            return total_bytes / (time.perf_counter() - t0) / 1e9
+
+        figures = await _alternate(
+            {"aiotier": aiotier_round, "floor": floor_round, "peer": peer_round}, rounds
+        )
+        lag = ticker.summary_ms()
+        return [
+            Case(
+                "redis_promote",
+                {
+                    "block_size": BLOCK_SIZE,
+                    "blocks": blocks,
+                    "batch": BATCH,
+                    "rounds": rounds,
+                    "via": "engine lookup_prefix+wait" if use_engine else "tier read_many_into",
+                    "server": "local redis-server, loopback",
+                },
+                "GB/s",
+                True,
+                figures["aiotier"],
+                floor=Measure("redis-py pipelined MGET (64 keys)", figures["floor"]),
+                peer=Measure("aiocache RedisCache.get (64 concurrent)", figures["peer"]),
+                extra={"loop_lag_p99_ms": lag["p99_ms"], "loop_lag_max_ms": lag["max_ms"]},
+            )
+        ]
+    finally:
+        await stack.aclose()
+        with contextlib.suppress(Exception):
+            async for k in plain.scan_iter(match=f"{NAMESPACE}:*", count=1000):
+                await plain.delete(k)
+        await plain.aclose()
+        with contextlib.suppress(Exception):
+            await peer.close()
+        await tier.aclose()
+
+
+async def _alternate(
+    fns: dict[str, Callable[[], Awaitable[float]]], rounds: int
+) -> dict[str, float]:
+    """Warm each up once, then run them in turn ``rounds`` times; medians."""
+    for fn in fns.values():
+        await fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            samples[name].append(await fn())
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+@contextlib.asynccontextmanager
+async def _engine_promoter(
+    tier: RedisTier, batches: list[list[bytes]]
+) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """The scheduler's way: ``lookup_prefix`` of 64 keys (promotions start), then ``wait``.
+
+    The primary holds two batches, so each round promotes every block again from Redis (the
+    engine's write policy is ``none``: evictions drop, nothing is written back).
+    """
+    from .._types import LookupResult
+    from ..engine import TieringEngine
+    from ..tiers.primary import PrimaryTier
+
+    primary = PrimaryTier(2 * BATCH, BLOCK_SIZE)
+    engine = TieringEngine(primary, [tier], write_policy="none", promotion_timeout=30.0)
+
+    async def promote() -> None:
+        for batch in batches:
+            await engine.lookup_prefix(batch)
+            results = await engine.wait(batch)
+            if any(r is not LookupResult.HIT for r in results):
+                raise RuntimeError(f"promotion failed: {results[:3]!r}")
+            engine.end_step()
+
+    async with engine:
+        yield promote
+
+
+@contextlib.asynccontextmanager
+async def _tier_promoter(
+    tier: RedisTier, batches: list[list[bytes]]
+) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """Until the engine runs: the tier's own batched read into a reused arena of 64 slots."""
+    arena = memoryview(bytearray(BATCH * BLOCK_SIZE))
+    views = [arena[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE] for i in range(BATCH)]
+
+    async def promote() -> None:
+        for batch in batches:
+            results = await tier.read_many_into(batch, views[: len(batch)])
+            if any(r != BLOCK_SIZE for r in results):
+                raise RuntimeError(f"promotion failed: {results[:3]!r}")
+
+    yield promote
