@@ -271,6 +271,7 @@ class TieringEngine:
             await asyncio.wait(tasks, timeout=self.io_timeout)
         for key in list(self._inflight):
             self._settle(key)
+        self._promoting = 0  # a task cancelled before its first step never ran its cleanup
         if self._opened:
             if flush and self.write_policy == "write_back" and self.tiers:
                 self._write_down_primary()

@@ -1,0 +1,177 @@
+"""Test helpers for aiotier and for your own code: a tier wrapper that injects faults.
+
+``FaultyTier`` wraps any :class:`~aiotier.SecondaryTier` and, on the operations you choose,
+raises, sleeps, hangs, corrupts the bytes it reads, or fails writes with ``ENOSPC`` — each with
+a probability drawn from its own seeded generator, so a failing run can be replayed. It also
+counts the calls that reached it, which makes "no second read" assertions exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import random
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ._types import LookupResult
+from .errors import BlockCorruptedError
+from .tiers.base import SecondaryTier, TierUsage
+
+__all__ = ["Fault", "FaultyTier"]
+
+OPS = ("lookup", "read", "write", "remove", "open", "close")
+
+
+@dataclass(slots=True)
+class Fault:
+    """What to do to one operation: ``kind`` is error, delay, hang, corrupt or disk_full."""
+
+    kind: str
+    probability: float = 1.0
+    seconds: float = 0.0
+    exc: type[Exception] = ConnectionError
+
+
+class FaultyTier(SecondaryTier):
+    """Wraps ``inner`` and misbehaves on purpose; ``calls`` counts every operation."""
+
+    def __init__(self, inner: SecondaryTier, *, seed: int = 0, name: str | None = None) -> None:
+        super().__init__(name if name is not None else inner.name)
+        self.inner = inner
+        self.calls: Counter[str] = Counter()
+        self.faults: dict[str, list[Fault]] = {}
+        self._rng = random.Random(seed)
+        self._hung: set[asyncio.Future[None]] = set()
+
+    # -- configuring faults ----------------------------------------------------------------------
+
+    def inject(self, op: str, fault: Fault) -> FaultyTier:
+        if op not in OPS:
+            raise ValueError(f"unknown operation {op!r}; expected one of {', '.join(OPS)}")
+        if not 0.0 <= fault.probability <= 1.0:
+            raise ValueError(f"probability must be in [0, 1], got {fault.probability}")
+        self.faults.setdefault(op, []).append(fault)
+        return self
+
+    def fail(self, op: str, probability: float = 1.0, exc: type[Exception] = ConnectionError
+             ) -> FaultyTier:  # fmt: skip
+        return self.inject(op, Fault("error", probability, exc=exc))
+
+    def delay(self, op: str, seconds: float, probability: float = 1.0) -> FaultyTier:
+        return self.inject(op, Fault("delay", probability, seconds=seconds))
+
+    def hang(self, op: str, probability: float = 1.0) -> FaultyTier:
+        return self.inject(op, Fault("hang", probability))
+
+    def corrupt(self, probability: float = 1.0) -> FaultyTier:
+        """Reads return flipped bytes; like a real tier, verification turns them into errors."""
+        return self.inject("read", Fault("corrupt", probability))
+
+    def disk_full(self, probability: float = 1.0) -> FaultyTier:
+        return self.inject("write", Fault("disk_full", probability))
+
+    def heal(self) -> None:
+        """Remove every fault and release every hung call."""
+        self.faults.clear()
+        for fut in self._hung:
+            if not fut.done():
+                fut.set_result(None)
+        self._hung.clear()
+
+    # -- the wrapper ---------------------------------------------------------------------------
+
+    async def _before(self, op: str) -> Fault | None:
+        """Apply error/delay/hang faults for ``op``; return a corrupt/disk_full fault to apply."""
+        self.calls[op] += 1
+        late: Fault | None = None
+        for f in self.faults.get(op, ()):
+            if self._rng.random() >= f.probability:
+                continue
+            if f.kind == "error":
+                raise f.exc(f"injected {op} failure in tier {self.name!r}")
+            if f.kind == "delay":
+                await asyncio.sleep(f.seconds)
+            elif f.kind == "hang":
+                fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._hung.add(fut)
+                try:
+                    await fut
+                finally:
+                    self._hung.discard(fut)
+            else:
+                late = f
+        return late
+
+    async def open(self) -> None:
+        await self._before("open")
+        await self.inner.open()
+
+    async def aclose(self) -> None:
+        self.heal()
+        await self._before("close")
+        await self.inner.aclose()
+
+    async def lookup(self, key: bytes) -> LookupResult:
+        await self._before("lookup")
+        return await self.inner.lookup(key)
+
+    async def lookup_many(self, keys: Sequence[bytes]) -> list[LookupResult]:
+        await self._before("lookup")
+        return await self.inner.lookup_many(keys)
+
+    async def read_into(self, key: bytes, buf: memoryview) -> int:
+        late = await self._before("read")
+        n = await self.inner.read_into(key, buf)
+        if late is not None and n > 0:
+            buf[0] ^= 0xFF
+            raise BlockCorruptedError(f"tier {self.name!r}: injected corruption of {key[:64]!r}")
+        return n
+
+    async def read_many_into(
+        self, keys: Sequence[bytes], bufs: Sequence[memoryview]
+    ) -> list[int | Exception]:
+        return await SecondaryTier.read_many_into(self, keys, bufs)
+
+    async def write(self, key: bytes, data: bytes | memoryview) -> None:
+        late = await self._before("write")
+        if late is not None:
+            raise OSError(errno.ENOSPC, f"injected disk full in tier {self.name!r}")
+        await self.inner.write(key, data)
+
+    async def write_many(
+        self, items: Sequence[tuple[bytes, bytes | memoryview]]
+    ) -> list[Exception | None]:
+        return await SecondaryTier.write_many(self, items)
+
+    async def remove(self, key: bytes) -> bool:
+        await self._before("remove")
+        return await self.inner.remove(key)
+
+    def usage(self) -> TierUsage:
+        return self.inner.usage()
+
+    def contains_hint(self, key: bytes) -> bool | None:
+        return self.inner.contains_hint(key)
+
+    @property
+    def evictions(self) -> int:
+        return self.inner.evictions
+
+    @evictions.setter
+    def evictions(self, value: int) -> None:
+        if hasattr(self, "inner"):  # the base __init__ sets it before inner exists
+            self.inner.evictions = value
+
+    @property
+    def handover_evicted(self) -> bool:
+        return self.inner.handover_evicted
+
+    @handover_evicted.setter
+    def handover_evicted(self, value: bool) -> None:
+        if hasattr(self, "inner"):
+            self.inner.handover_evicted = value
+
+    def take_evicted(self) -> list[tuple[bytes, bytes]]:
+        return self.inner.take_evicted()

@@ -1,0 +1,124 @@
+"""Block table, arena and byte budget: allocation, pins, orphans, exact accounting."""
+
+from __future__ import annotations
+
+import pytest
+
+from aiotier._core.arena import Arena
+from aiotier._core.budget import ByteBudgetLRU
+from aiotier._core.policy import LRUPolicy
+from aiotier._core.requests import RequestState
+from aiotier._core.table import FREE, ORPHAN, PENDING, READY, BlockTable
+from aiotier.errors import ConfigError
+
+
+def table(n: int = 4) -> BlockTable:
+    return BlockTable(n, LRUPolicy(n))
+
+
+def ready(t: BlockTable, keys: list[bytes]) -> list[int]:
+    got = t.allocate(keys, READY)
+    assert got is not None
+    return got[0]
+
+
+def test_allocate_uses_free_slots_then_evicts_lru() -> None:
+    t = table(3)
+    ready(t, [b"a", b"b", b"c"])
+    t.policy.touch(t.index[b"a"])
+    got = t.allocate([b"d"], READY)
+    assert got is not None
+    slots, evicted = got
+    assert [k for k, _, _ in evicted] == [b"b"]
+    assert t.index[b"d"] == slots[0] == evicted[0][1]
+    assert b"b" not in t.index
+
+
+def test_allocate_is_all_or_nothing_and_respects_pins_and_protection() -> None:
+    t = table(3)
+    a, b, _c = ready(t, [b"a", b"b", b"c"])
+    t.pin(a)
+    before = (dict(t.index), t.policy.order())
+    assert t.allocate([b"x", b"y"], READY, protected=[b]) is None
+    assert (dict(t.index), t.policy.order()) == before
+    got = t.allocate([b"x"], READY, protected=[b])
+    assert got is not None
+    assert got[1][0][0] == b"c"
+
+
+def test_pending_and_promoting_blocks_are_never_evicted() -> None:
+    t = table(2)
+    got = t.allocate([b"a", b"b"], PENDING)
+    assert got is not None
+    assert t.allocate([b"c"], READY) is None
+    assert t.state[t.index[b"a"]] == PENDING
+
+
+def test_detach_of_a_pinned_block_waits_for_the_last_unpin() -> None:
+    t = table(2)
+    (a,) = ready(t, [b"a"])
+    t.pin(a)
+    t.pin(a)
+    t.detach(a)
+    assert t.state[a] == ORPHAN and b"a" not in t.index
+    t.unpin(a)
+    assert t.state[a] == ORPHAN
+    t.unpin(a)
+    assert t.state[a] == FREE and a in t.free
+    with pytest.raises(RuntimeError, match="unpinned more often"):
+        t.unpin(a)
+
+
+def test_arena_views_are_zero_copy_and_remember_lengths() -> None:
+    arena = Arena(2, 8)
+    arena.slot_view(1)[:3] = b"xyz"
+    arena.lengths[1] = 3
+    view = arena.data_view(1)
+    assert view.readonly and bytes(view) == b"xyz"
+    arena.write(0, b"hello")
+    assert arena.read(0) == b"hello"
+    assert arena.nbytes == 16
+
+
+@pytest.mark.parametrize(("n", "size"), [(0, 8), (4, 0), (-1, 8)])
+def test_arena_rejects_bad_sizes(n: int, size: int) -> None:
+    with pytest.raises(ConfigError, match="must be > 0"):
+        Arena(n, size)
+
+
+def test_arena_rejects_non_int_sizes() -> None:
+    with pytest.raises(TypeError, match="num_blocks must be an int"):
+        Arena(2.5, 8)  # type: ignore[arg-type]
+
+
+def test_byte_budget_evicts_lru_until_it_fits() -> None:
+    b = ByteBudgetLRU(10)
+    assert b.admit(b"a", 4) == []
+    assert b.admit(b"b", 4) == []
+    b.touch(b"a")
+    assert b.admit(b"c", 4) == [b"b"]
+    assert b.used == 8 and list(b) == [b"a", b"c"]
+    assert b.admit(b"a", 10) == [b"c"]
+    assert b.used == 10
+    with pytest.raises(ValueError, match="cannot fit"):
+        b.admit(b"z", 11)
+    assert b.used == 10 and list(b) == [b"a"]
+
+
+def test_byte_budget_load_then_trim() -> None:
+    b = ByteBudgetLRU(5)
+    for k in (b"a", b"b", b"c"):
+        b.load(k, 2)
+    assert b.over_budget() == [b"a"]
+    assert b.used == 4
+
+
+def test_request_state_delays_are_taken_once() -> None:
+    rs = RequestState("r")
+    assert rs.take_delays(1.0) == (None, None)
+    rs.add_sync(0.25)
+    rs.add_sync(0.5)
+    rs.defer(10.0)
+    rs.defer(11.0)  # only the first deferral arms it
+    assert rs.take_delays(12.0) == (0.75, 2.0)
+    assert rs.take_delays(13.0) == (None, None)

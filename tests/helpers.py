@@ -1,0 +1,16 @@
+"""Shared test helpers: wait for a condition with a deadline instead of sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+
+async def eventually(cond: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
+    """Poll ``cond`` until it is true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {what or cond}")
+        await asyncio.sleep(0.002)
