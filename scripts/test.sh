@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install aiotier with its test extras into .venv, make sure a real redis-server is available,
+# then run the linters, the type checker and the whole test suite (arguments go to pytest).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[test]'
+
+if ! command -v redis-server >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing redis-server (Debian package) for the Redis tests" >&2
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+    else
+        echo "redis-server is not installed: the Redis tests will be skipped" >&2
+        echo "(install it with: sudo apt-get install redis-server)" >&2
+    fi
+fi
+if [ -n "${CI:-}" ] && ! command -v redis-server >/dev/null 2>&1; then
+    echo "CI: redis-server is required and could not be installed" >&2
+    exit 1
+fi
+
+.venv/bin/ruff check .
+.venv/bin/mypy --strict aiotier
+.venv/bin/python -m pytest "$@"
