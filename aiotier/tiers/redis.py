@@ -7,7 +7,9 @@ key (up to 1024 bytes, any bytes) maps to a short, safe Redis key.
 
 Batches cost one round trip: lookups run one small Lua script (pipelined ``EXISTS`` on a
 cluster or where scripts are not allowed), reads one ``MGET`` (a per-node pipeline of ``GET``
-on a cluster), writes one non-transactional pipeline of ``SET``.
+on a cluster), writes one non-transactional pipeline of ``SET``. On plain TCP and unix sockets
+the batched read bypasses redis-py's parser (see ``_resp``): the kernel copies each payload
+straight into the caller's buffer, and a large batch is split over a few connections at once.
 
 A server that goes away must not slow the engine down: every call is bounded by ``timeout``,
 and after ``failure_threshold`` consecutive connection failures a circuit opens, so calls fail
@@ -36,6 +38,7 @@ from ..errors import (
     TieringError,
     TierUnavailableError,
 )
+from ._resp import RespReaderPool, RespServerError
 from .base import SecondaryTier, TierUsage
 from .framing import encode_header, parse_header, verify_payload
 
@@ -59,6 +62,8 @@ for i = 1, #KEYS do out[i] = redis.call('EXISTS', KEYS[i]) end
 return out
 """
 _LOOKUP_SHA: Final = hashlib.sha1(_LOOKUP_SCRIPT).hexdigest()
+# A batched read is split over several connections only when each part moves this much.
+_SPLIT_BYTES: Final = 2 << 20
 
 
 def _import_redis() -> tuple[ModuleType, ModuleType]:
@@ -114,6 +119,10 @@ class RedisTier(SecondaryTier):
     every written block expire. ``cluster=True`` talks to a Redis Cluster through any of its
     nodes. ``protocol=2`` is for servers older than Redis 6 (redis-py 8 speaks RESP3 by
     default). ``client_kwargs`` go to the redis-py client as they are.
+
+    ``fast_reads`` (plain ``redis://`` and ``unix://`` only) lets batched reads skip redis-py's
+    reply parser and land in the caller's buffers directly; batches of more than a few MiB are
+    split over up to ``read_streams`` connections read at once.
     """
 
     def __init__(
@@ -129,6 +138,8 @@ class RedisTier(SecondaryTier):
         connect_timeout: float | None = None,
         failure_threshold: int = 3,
         probe_interval: float = 1.0,
+        fast_reads: bool = True,
+        read_streams: int = 4,
         client_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(name)
@@ -148,6 +159,8 @@ class RedisTier(SecondaryTier):
             raise ConfigError(f"failure_threshold must be >= 1, got {failure_threshold!r}")
         if not probe_interval > 0:
             raise ConfigError(f"probe_interval must be positive, got {probe_interval!r}")
+        if not isinstance(read_streams, int) or read_streams < 1:
+            raise ConfigError(f"read_streams must be an int >= 1, got {read_streams!r}")
         self._redis, self._exc = _import_redis()
         self.url = url
         self.namespace = namespace
@@ -158,6 +171,9 @@ class RedisTier(SecondaryTier):
         self.connect_timeout = connect_timeout if connect_timeout is not None else timeout
         self.probe_interval = probe_interval
         self._client_kwargs = dict(client_kwargs or {})
+        self.read_streams = read_streams
+        self._fast_target = self._fast_reader_target() if fast_reads and not cluster else None
+        self._fast: RespReaderPool | None = None
         self._prefix = namespace.encode("utf-8") + b":"
         self._px = None if ttl is None else max(1, round(ttl * 1000))
         self._breaker = _CircuitBreaker(failure_threshold)
@@ -214,10 +230,40 @@ class RedisTier(SecondaryTier):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        fast, self._fast = self._fast, None
+        if fast is not None:
+            fast.close()
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):
                 await client.aclose()
+
+    def _fast_reader_target(self) -> dict[str, Any] | None:
+        """Where the fast reader connects, or None where only redis-py will do (TLS, custom)."""
+        from redis.asyncio.connection import parse_url
+
+        scheme = self.url.partition("://")[0].lower()
+        if scheme not in ("redis", "unix"):
+            return None
+        custom = {"credential_provider", "connection_pool", "connection_class", "ssl", "host",
+                  "port", "path", "unix_socket_path", "redis_connect_func"}  # fmt: skip
+        if custom & self._client_kwargs.keys():
+            return None
+        try:
+            parsed: dict[str, Any] = dict(parse_url(self.url))
+        except ValueError as exc:
+            raise ConfigError(f"RedisTier url {self._safe_url()!r}: {exc}") from None
+        parsed.update(
+            {k: v for k, v in self._client_kwargs.items() if k in ("db", "username", "password")}
+        )
+        return {
+            "host": parsed.get("host", "localhost"),
+            "port": int(parsed.get("port", 6379)),
+            "path": parsed.get("path") if scheme == "unix" else None,
+            "db": int(parsed.get("db", 0) or 0),
+            "username": parsed.get("username"),
+            "password": parsed.get("password"),
+        }
 
     def _ensure_client(self) -> Any:
         if self._client is not None:
@@ -241,6 +287,8 @@ class RedisTier(SecondaryTier):
             self._client = RedisCluster.from_url(self.url, **kwargs)
         else:
             self._client = self._redis.Redis.from_url(self.url, **kwargs)
+        if self._fast_target is not None and self._fast is None:
+            self._fast = RespReaderPool(**self._fast_target, max_idle=max(8, self.read_streams))
         return self._client
 
     # -- keys and frames -------------------------------------------------------------------------
@@ -288,6 +336,8 @@ class RedisTier(SecondaryTier):
 
     def _record_failure(self) -> None:
         self.errors += 1
+        if self._fast is not None:
+            self._fast.close()  # idle raw connections may be dead too; dial afresh later
         if self._breaker.failure():
             _log.warning(
                 "redis tier %r: circuit opened after %d failures; probing every %.3gs",
@@ -336,7 +386,7 @@ class RedisTier(SecondaryTier):
                 f"redis tier {self.name!r}: {op} {kind} after at most {self.timeout}s "
                 f"({self._safe_url()}): {exc!r}"
             ) from exc
-        except exc_mod.RedisError as exc:
+        except (exc_mod.RedisError, RespServerError) as exc:
             # The server answered, with an error: it is reachable, so the breaker is not involved.
             raise TieringError(f"redis tier {self.name!r}: {op}: {exc}") from exc
         self._breaker.success()
@@ -430,6 +480,8 @@ class RedisTier(SecondaryTier):
         if not keys:
             return []
         rkeys = [self.redis_key(k) for k in keys]
+        if self._fast_target is not None:
+            return await self._read_many_fast(keys, rkeys, bufs)
         try:
             values = await self._call("read_many", lambda c: self._get_many(c, rkeys))
         except TieringError as exc:
@@ -448,6 +500,51 @@ class RedisTier(SecondaryTier):
                 out.append(exc)
             except ValueError as exc:
                 out.append(exc)
+        if corrupted:
+            await self._drop_corrupted(corrupted)
+        return out
+
+    async def _read_many_fast(
+        self, keys: Sequence[bytes], rkeys: list[bytes], bufs: Sequence[memoryview]
+    ) -> list[int | Exception]:
+        """MGETs whose payloads the kernel writes straight into ``bufs``, a few at once."""
+        total = sum(len(b) for b in bufs)
+        streams = max(1, min(self.read_streams, len(keys), total // _SPLIT_BYTES))
+        step = -(-len(keys) // streams)
+        spans = [(i, min(i + step, len(keys))) for i in range(0, len(keys), step)]
+
+        async def run(_client: Any) -> list[int | Exception]:
+            fast = self._fast
+            if fast is None:
+                raise TierUnavailableError(f"redis tier {self.name!r} is closed")
+            parts = await asyncio.gather(
+                *(fast.mget_into(rkeys[a:b], keys[a:b], bufs[a:b]) for a, b in spans),
+                return_exceptions=True,  # every part has finished (and let go of bufs) on return
+            )
+            out: list[int | Exception] = []
+            for part in parts:
+                if isinstance(part, BaseException):
+                    raise part
+                out.extend(part)
+            return out
+
+        try:
+            raw = await self._call("read_many", run)
+        except TieringError as exc:
+            return [exc] * len(keys)
+        where = f"redis tier {self.name!r}"
+        out: list[int | Exception] = []
+        corrupted: list[bytes] = []
+        for rkey, r in zip(rkeys, raw, strict=True):
+            if isinstance(r, BlockCorruptedError):
+                corrupted.append(rkey)
+                out.append(BlockCorruptedError(f"{where}: {r}"))
+            elif isinstance(r, ValueError):
+                out.append(ValueError(f"{where}: {r}"))
+            else:
+                if r == -1:
+                    self._forget(rkey)
+                out.append(r)
         if corrupted:
             await self._drop_corrupted(corrupted)
         return out

@@ -293,20 +293,81 @@ async def test_64_key_lookup_many_is_one_round_trip(
     assert after.get("evalsha", 0) - before.get("evalsha", 0) == 1
 
 
+@pytest.mark.parametrize("fast_reads", [True, False])
 async def test_64_key_read_many_is_one_mget(
-    tier: RedisTier, raw: redis_asyncio.Redis, sends: list[int]
+    redis_url: str, raw: redis_asyncio.Redis, sends: list[int], fast_reads: bool
 ) -> None:
-    keys = [f"prefix-{i}".encode() for i in range(64)]
-    await tier.write_many([(k, b"v" * 1000) for k in keys])
-    before = await _commandstats(raw)
-    sends.clear()
-    results = await tier.read_many_into(keys, [buf(1000) for _ in keys])
-    round_trips = len(sends)
-    after = await _commandstats(raw)
+    tier = RedisTier(redis_url, fast_reads=fast_reads)
+    await tier.open()
+    try:
+        keys = [f"prefix-{i}".encode() for i in range(64)]
+        await tier.write_many([(k, b"v" * 1000) for k in keys])
+        before = await _commandstats(raw)
+        sends.clear()
+        results = await tier.read_many_into(keys, [buf(1000) for _ in keys])
+        redis_py_round_trips = len(sends)
+        after = await _commandstats(raw)
+    finally:
+        await tier.aclose()
     assert results == [1000] * 64
-    assert round_trips == 1
     assert after["mget"] - before.get("mget", 0) == 1
     assert after.get("get", 0) == before.get("get", 0)
+    # The fast reader has its own connections; without it, redis-py sends one packet.
+    assert redis_py_round_trips == (0 if fast_reads else 1)
+
+
+async def test_large_batch_is_split_over_read_streams(
+    redis_url: str, raw: redis_asyncio.Redis
+) -> None:
+    tier = RedisTier(redis_url, read_streams=4)
+    await tier.open()
+    try:
+        items = [(f"big-{i}".encode(), os.urandom(256 * 1024)) for i in range(64)]
+        await tier.write_many(items)
+        arena = memoryview(bytearray(64 * 256 * 1024))
+        views = [arena[i * 256 * 1024 : (i + 1) * 256 * 1024] for i in range(64)]
+        before = await _commandstats(raw)
+        results = await tier.read_many_into([k for k, _ in items], views)
+        after = await _commandstats(raw)
+        assert results == [256 * 1024] * 64
+        assert all(bytes(v) == d for v, (_k, d) in zip(views, items, strict=True))
+        assert after["mget"] - before.get("mget", 0) == 4  # 16 MiB: four MGETs at once
+    finally:
+        await tier.aclose()
+
+
+@pytest.mark.parametrize("fast_reads", [True, False])
+async def test_batched_read_reports_each_key_in_place(
+    redis_url: str, raw: redis_asyncio.Redis, fast_reads: bool
+) -> None:
+    tier = RedisTier(redis_url, fast_reads=fast_reads)
+    await tier.open()
+    try:
+        big = os.urandom(300_000)
+        await tier.write_many([(b"good", b"fine"), (b"big", big), (b"after", b"still fine")])
+        bad = bytearray(good_frame(b"flip", b"x" * 70_000))
+        bad[-5] ^= 1
+        await raw.set(tier.redis_key(b"flip"), bytes(bad))
+        await raw.set(tier.redis_key(b"alien"), b"$5\r\nhello\r\n*2\r\n")  # RESP-looking junk
+        keys = [b"good", b"absent", b"flip", b"big", b"alien", b"after"]
+        bufs = [buf(100_000) for _ in keys]
+        results = await tier.read_many_into(keys, bufs)
+        assert results[0] == 4
+        assert results[1] == -1
+        assert isinstance(results[2], BlockCorruptedError)
+        assert isinstance(results[3], ValueError)
+        assert not isinstance(results[3], BlockCorruptedError)
+        assert isinstance(results[4], BlockCorruptedError)
+        assert results[5] == 10
+        assert bytes(bufs[5][:10]) == b"still fine"
+        assert await raw.exists(tier.redis_key(b"flip"), tier.redis_key(b"alien")) == 0
+        assert await raw.exists(tier.redis_key(b"big")) == 1  # too big for the buffer: kept
+        # The connection is still in step: the next batch reads correctly.
+        out = buf(16)
+        assert await tier.read_many_into([b"good"], [out]) == [4]
+        assert bytes(out[:4]) == b"fine"
+    finally:
+        await tier.aclose()
 
 
 async def test_64_key_write_many_is_one_pipeline(tier: RedisTier, sends: list[int]) -> None:
@@ -401,11 +462,15 @@ async def test_frozen_server_times_out_and_stale_replies_never_leak(
     try:
         await t.write_many([(b"a", b"value-a"), (b"b", b"value-b")])
         os.kill(pid, signal.SIGSTOP)
+        late = buf(16)
         try:
-            for key in (b"a", b"b"):
-                exc = await _fast_fail(t.read_into(key, buf(16)), within=0.3 + 0.25)
-                assert isinstance(exc, TierUnavailableError)
-                assert "timed out" in str(exc)
+            t0 = time.monotonic()
+            results = await t.read_many_into([b"a", b"b"], [late, late[8:]])
+            assert time.monotonic() - t0 < 0.3 + 0.25
+            assert all(isinstance(r, TierUnavailableError) for r in results)
+            exc = await _fast_fail(t.read_into(b"a", buf(16)), within=0.3 + 0.25)
+            assert isinstance(exc, TierUnavailableError)
+            assert "timed out" in str(exc)
             assert not t.available
         finally:
             os.kill(pid, signal.SIGCONT)
@@ -414,11 +479,16 @@ async def test_frozen_server_times_out_and_stale_replies_never_leak(
             return t.available
 
         await poll_until(back, 10.0)
-        # The replies to the timed-out GETs arrive late; they must not answer later calls.
+        # The replies to the timed-out reads arrive late; they must not answer later calls,
+        # nor land in the buffer of the read that gave up.
         for key, expected in ((b"b", b"value-b"), (b"a", b"value-a")):
             out = buf(16)
             n = await t.read_into(key, out)
             assert bytes(out[:n]) == expected
+        outs = [buf(16), buf(16)]
+        assert await t.read_many_into([b"b", b"a"], outs) == [7, 7]
+        assert bytes(outs[0][:7]) == b"value-b"
+        assert bytes(late) == bytes(16)
     finally:
         await t.aclose()
 
@@ -466,13 +536,19 @@ async def test_aclose_stops_the_probe_and_refuses_calls(
 
 async def test_password_in_url(redis_server_factory: RedisServerFactory) -> None:
     server = redis_server_factory(None, "--requirepass", "s3cret")
-    good = RedisTier(f"redis://:s3cret@127.0.0.1:{server.port}/0")
+    good = RedisTier(f"redis://:s3cret@127.0.0.1:{server.port}/3")
     await good.open()
     try:
         await good.write(b"k", b"v")
         assert await good.lookup(b"k") is LookupResult.HIT
+        assert await good.read_many_into([b"k"], [buf(4)]) == [1]  # fast reader: AUTH, SELECT
     finally:
         await good.aclose()
+    admin = redis_asyncio.Redis.from_url(f"redis://:s3cret@127.0.0.1:{server.port}/3")
+    try:
+        assert await admin.dbsize() == 1  # written to db 3, as the URL says
+    finally:
+        await admin.aclose()
     bad = RedisTier(f"redis://:wrong@127.0.0.1:{server.port}/0")
     with pytest.raises(ConfigError, match="refused") as info:
         await bad.open()
@@ -579,10 +655,15 @@ def cluster_server(redis_server_factory: RedisServerFactory, tmp_path: Any) -> R
     """A one-node Redis Cluster owning every slot (multi-key commands still need one slot)."""
     import socket
 
-    port = __import__("redis_fixtures").free_port()
+    from redis_fixtures import free_port
+
+    port, bus = free_port(), free_port()
+    while port > 55535:  # redis refuses cluster ports whose default bus port would overflow
+        port = free_port()
     server = redis_server_factory(
         port,
         "--cluster-enabled", "yes",
+        "--cluster-port", str(bus),
         "--cluster-config-file", str(tmp_path / f"nodes-{port}.conf"),
     )  # fmt: skip
 
