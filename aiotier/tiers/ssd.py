@@ -471,6 +471,7 @@ class SSDTier(SecondaryTier):
         self._evicted_bytes = 0
         self._last_stamp = 0
         self._tmp_seq = 0
+        self._writes = 0
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
@@ -726,9 +727,9 @@ class SSDTier(SecondaryTier):
 
     def _read_finished(self, op: _ReadOp, outcome: Any) -> None:
         if outcome == -1 or isinstance(outcome, BlockCorruptedError):
-            # The file is gone or was dropped: forget it, unless a write of the key is in
-            # flight (that write owns the index entry now).
-            if op.digest not in self._busy and self._budget.size_of(op.digest) == op.size:
+            # The file is gone or was dropped: forget it, unless a write started meanwhile
+            # (it may have put a new file under the same name; a later read will tell).
+            if op.writes_seen == self._writes and self._budget.size_of(op.digest) == op.size:
                 self._budget.discard(op.digest)
         elif isinstance(outcome, OSError):
             err = TierUnavailableError(
@@ -781,6 +782,7 @@ class SSDTier(SecondaryTier):
         digest = key_digest(key)
         old = self._budget.size_of(digest)
         victims = self._admit(digest, size)
+        self._writes += 1
         # A victim another op is writing is cleaned up by that op when it finishes.
         unlink = [self._path(d, s) for d, s in victims if d not in self._busy]
         self._tmp_seq += 1
@@ -927,7 +929,9 @@ class SSDTier(SecondaryTier):
 
 
 class _ReadOp(_Op):
-    __slots__ = ("buf", "digest", "key", "path", "payload_len", "size", "stamp", "tier")
+    __slots__ = (
+        "buf", "digest", "key", "path", "payload_len", "size", "stamp", "tier", "writes_seen",
+    )
 
     def __init__(
         self,
@@ -949,6 +953,8 @@ class _ReadOp(_Op):
         self.buf = buf
         self.stamp = stamp
         self.path = tier._path(digest, size)
+        # -1: a write of this key is in flight, so a missing file proves nothing
+        self.writes_seen = -1 if digest in tier._busy else tier._writes
 
     def run(self) -> int:
         return _read_block(
