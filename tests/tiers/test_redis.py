@@ -741,3 +741,21 @@ def test_missing_redis_extra_names_the_extra() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert "aiotier[redis]" in out.stdout, out.stdout + out.stderr
+
+
+async def test_server_without_hello_needs_protocol_2(
+    redis_server_factory: RedisServerFactory,
+) -> None:
+    """What a Redis 5 looks like to redis-py 8: HELLO is an unknown command."""
+    server = redis_server_factory(None, "--rename-command", "HELLO", "")
+    resp3 = RedisTier(server.url, protocol=3)
+    with pytest.raises(ConfigError, match="protocol=2"):
+        await resp3.open()
+    resp2 = RedisTier(server.url, protocol=2)
+    await resp2.open()
+    try:
+        await resp2.write(b"k", b"v")
+        assert await resp2.lookup_many([b"k"]) == [LookupResult.HIT]
+        assert await resp2.read_many_into([b"k"], [buf(4)]) == [1]
+    finally:
+        await resp2.aclose()
