@@ -848,6 +848,9 @@ class SSDTier(SecondaryTier):
             assert wkey is not None
             ops.append((i, self._write_op(wkey, items[i][1])))
         for _i, op in ops:
+            if self._budget.size_of(op.digest) != op.size:
+                op.skip = True  # already evicted by a later block of this batch
+        for _i, op in ops:
             self._enqueue(op)
         try:
             await asyncio.wait([op.fut for _i, op in ops])
@@ -878,13 +881,14 @@ class SSDTier(SecondaryTier):
             return
         evicted: list[tuple[bytes, bytes]] = outcome
         self._hand_over(evicted)
-        if self._budget.size_of(op.digest) != op.size:
-            # Evicted by another write while ours was on a thread: remove what we just wrote.
+        if not op.skip and self._budget.size_of(op.digest) != op.size:
+            # Evicted by another write while ours was on a thread: remove what we just wrote,
+            # and report the write done only then (disk and index agree when a write returns).
             assert self._loop is not None
-            cleanup = _UnlinkOp(self, self._loop.create_future(), op.final, op.digest)
+            cleanup = _UnlinkOp(self, self._loop.create_future(), op.final, op.digest, op.fut)
             self._enqueue(cleanup)
-        else:
-            self._release(op.digest)
+            return
+        self._release(op.digest)
         _resolve(op.fut, None)
 
     def _hand_over(self, evicted: list[tuple[bytes, bytes]]) -> None:
@@ -968,8 +972,8 @@ class _ReadOp(_Op):
 
 class _WriteOp(_Op):
     __slots__ = (
-        "data", "digest", "final", "handover", "key", "old_path", "size", "stamp", "tier", "tmp",
-        "unlink",
+        "data", "digest", "final", "handover", "key", "old_path", "size", "skip", "stamp", "tier",
+        "tmp", "unlink",
     )
 
     def __init__(
@@ -999,6 +1003,8 @@ class _WriteOp(_Op):
         self.unlink = unlink
         self.handover = handover
         self.stamp = stamp
+        #: Evicted by a later block of its own batch before it was written: only clean up.
+        self.skip = False
 
     def run(self) -> list[tuple[bytes, bytes]]:
         evicted: list[tuple[bytes, bytes]] = []
@@ -1008,6 +1014,13 @@ class _WriteOp(_Op):
                 if got is not None:
                     evicted.append(got)
             _unlink_quiet(victim)
+        if self.skip:
+            for p in (self.final, self.old_path):
+                if p is not None:
+                    _unlink_quiet(p)
+            if self.handover:
+                evicted.append((self.key, bytes(self.data)))
+            return evicted
         try:
             self._write()
         except BaseException:
@@ -1048,13 +1061,21 @@ class _WriteOp(_Op):
 
 
 class _UnlinkOp(_Op):
-    __slots__ = ("digest", "path", "tier")
+    __slots__ = ("digest", "path", "then", "tier")
 
-    def __init__(self, tier: SSDTier, fut: asyncio.Future[Any], path: str, digest: bytes) -> None:
+    def __init__(
+        self,
+        tier: SSDTier,
+        fut: asyncio.Future[Any],
+        path: str,
+        digest: bytes,
+        then: asyncio.Future[Any] | None = None,
+    ) -> None:
         super().__init__(fut, 0)
         self.tier = tier
         self.path = path
         self.digest = digest
+        self.then = then  # another op's future, resolved once this clean-up is done
 
     def run(self) -> None:
         _unlink_quiet(self.path)
@@ -1067,6 +1088,8 @@ class _UnlinkOp(_Op):
             log.warning("ssd tier %r: removing %s failed: %s", self.tier.name, self.path, outcome)
             outcome = None
         _resolve(self.fut, outcome)
+        if self.then is not None:
+            _resolve(self.then, None)
 
 
 async def _wait_settled(fut: asyncio.Future[Any]) -> None:
