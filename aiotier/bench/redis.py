@@ -118,7 +118,7 @@ def _engine_available() -> bool:
 async def run(quick: bool, url: str) -> list[Case]:
     """The ``redis_promote`` case on the server at ``url`` (its namespace is emptied after)."""
     blocks = 256 if quick else 1024
-    rounds = 3 if quick else 7
+    rounds = 5 if quick else 7
     keys = [f"bench-block-{i}".encode() for i in range(blocks)]
     batches = [keys[i : i + BATCH] for i in range(0, blocks, BATCH)]
     total_bytes = blocks * BLOCK_SIZE

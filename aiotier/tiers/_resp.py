@@ -24,6 +24,8 @@ from .framing import FORMAT_VERSION, HEADER, MAGIC, checksum
 __all__ = ["RawReply", "RespReaderPool"]
 
 _SCRATCH: Final = 256 * 1024
+_BIG: Final = 32 * 1024  # elements at least this long are read straight into their buffer
+_BETWEEN: Final = 24  # CRLF after a value (or "*<n>") plus the next "$<length>" line
 
 # Per-element outcomes besides a length.
 RawReply = int | Exception  # length read, -1 absent, or the per-key failure
@@ -60,7 +62,7 @@ class _MgetProtocol(asyncio.BufferedProtocol):
         self._dest: memoryview | None = None
         self._dpos = 0
         self._hdr: tuple[bytes, int, int, int, int, int] | None = None
-        self._err: Exception | None = None
+        self._big = True  # the last element was large: read headers in small windows
 
     # -- transport callbacks -------------------------------------------------------------------
 
@@ -83,6 +85,13 @@ class _MgetProtocol(asyncio.BufferedProtocol):
             n = self._end - self._start
             self._scratch[:n] = self._scratch[self._start : self._end]
             self._start, self._end = 0, n
+        st = self._state
+        if self._big and st in (2, 3, 4, 5, 8):
+            # Between large payloads, read only up to the next payload's first byte, so that
+            # the payload itself goes to its destination rather than through scratch.
+            have = self._end - self._start
+            want = max(1, (self._left if st in (4, 5) else _BETWEEN) - have)
+            return self._sview[self._end : self._end + want]
         return self._sview[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -200,6 +209,7 @@ class _MgetProtocol(asyncio.BufferedProtocol):
                 if line[:1] != b"$":
                     raise ConnectionError(f"unexpected MGET element {line[:32]!r}")
                 length = int(line[1:])
+                self._big = length >= _BIG
                 if length < 0:
                     self._out.append(-1)
                     self._i += 1
