@@ -225,6 +225,32 @@ async def test_restart_keeps_exact_lru_order_including_reads(root: Path) -> None
         assert t2.contains_hint(b"k7")
 
 
+async def test_after_a_crash_recency_comes_from_write_times(root: Path, tmp_path: Path) -> None:
+    size = HEADER.size + 2 + 100
+    async with SSDTier(root, 64 * MiB) as t:
+        for i in range(6):
+            await t.write(f"k{i}".encode(), b"x" * 100)
+        await read(t, b"k0")  # read recency is in memory only until a clean close
+        image = tmp_path / "image"
+        shutil.copytree(root, image)  # the directory as a crash would leave it
+    assert not (image / "recency").exists()
+    async with SSDTier(image, 3 * size) as t2:
+        survivors = {k for k in (f"k{i}".encode() for i in range(6)) if t2.contains_hint(k)}
+        assert survivors == {b"k3", b"k4", b"k5"}
+
+
+async def test_damaged_recency_file_falls_back_to_write_times(root: Path) -> None:
+    size = HEADER.size + 2 + 100
+    async with SSDTier(root, 64 * MiB) as t:
+        for i in range(6):
+            await t.write(f"k{i}".encode(), b"x" * 100)
+        await read(t, b"k0")
+    _rewrite(root / "recency", _flip_payload)
+    async with SSDTier(root, 3 * size) as t2:
+        survivors = {k for k in (f"k{i}".encode() for i in range(6)) if t2.contains_hint(k)}
+        assert survivors == {b"k3", b"k4", b"k5"}
+
+
 async def test_crash_image_is_recovered_temporaries_and_torn_files_removed(
     root: Path, tmp_path: Path
 ) -> None:
@@ -603,7 +629,7 @@ async def test_hostile_keys_stay_inside_path(root: Path, tmp_path: Path) -> None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ssd"]
     assert not Path("/tmp/escape").exists()
     everything = [p for p in root.rglob("*") if p.is_file()]
-    assert {p.name for p in everything} == {"lock", "aiotier-ssd"}
+    assert {p.name for p in everything} == {"lock", "aiotier-ssd", "recency"}
 
 
 # -- failures ---------------------------------------------------------------------------------
