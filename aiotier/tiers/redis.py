@@ -280,6 +280,11 @@ class RedisTier(SecondaryTier):
         }
         if self.protocol is not None:
             kwargs["protocol"] = self.protocol
+        driver_info = _driver_info()
+        if driver_info is not None:
+            # Given explicitly, so redis-py does not look its own version up in the package
+            # metadata (file system calls on the event loop) for every new connection.
+            kwargs["driver_info"] = driver_info
         kwargs.update(self._client_kwargs)
         if self.cluster:
             from redis.asyncio.cluster import RedisCluster
@@ -328,8 +333,8 @@ class RedisTier(SecondaryTier):
             )
 
     def _safe_url(self) -> str:
-        """The URL without its password, for messages."""
-        head, sep, tail = self.url.partition("://")
+        """The URL without its password or query string, for messages."""
+        head, sep, tail = self.url.partition("?")[0].partition("://")
         if "@" in tail:
             tail = "***@" + tail.rsplit("@", 1)[1]
         return head + sep + tail
@@ -617,6 +622,20 @@ class RedisTier(SecondaryTier):
         for rkey in rkeys:
             pipe.delete(rkey)
         return sum(int(x) for x in await pipe.execute())
+
+
+def _driver_info() -> Any:
+    """What redis-py reports in ``CLIENT SETINFO``: itself, used by aiotier (None if too old)."""
+    try:
+        import redis
+        from redis.driver_info import DriverInfo
+    except ImportError:
+        return None
+    from .. import __version__
+
+    return DriverInfo(name="redis-py", lib_version=redis.__version__).add_upstream_driver(
+        "aiotier", __version__
+    )
 
 
 def _script_refused(exc: BaseException) -> bool:

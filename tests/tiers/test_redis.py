@@ -759,3 +759,24 @@ async def test_server_without_hello_needs_protocol_2(
         assert await resp2.read_many_into([b"k"], [buf(4)]) == [1]
     finally:
         await resp2.aclose()
+
+
+async def test_no_call_blocks_the_event_loop(redis_url: str) -> None:
+    from blockbuster import blockbuster_ctx
+
+    t = RedisTier(redis_url)
+    with blockbuster_ctx():
+        await t.open()
+        await t.write(b"k", os.urandom(100_000))
+        await t.write_many([(f"b{i}".encode(), os.urandom(300_000)) for i in range(20)])
+        assert await t.lookup(b"k") is LookupResult.HIT
+        assert await t.lookup_many([b"k", b"b3", b"zz"]) == [LookupResult.HIT] * 2 + [
+            LookupResult.MISS
+        ]
+        out = await t.read_many_into(
+            [b"k", b"b19"], [memoryview(bytearray(400_000)) for _ in range(2)]
+        )
+        assert out == [100_000, 300_000]
+        assert await t.read_into(b"b1", buf()) == 300_000
+        assert await t.remove(b"k")
+        await t.aclose()
