@@ -780,3 +780,19 @@ async def test_no_call_blocks_the_event_loop(redis_url: str) -> None:
         assert await t.read_into(b"b1", buf()) == 300_000
         assert await t.remove(b"k")
         await t.aclose()
+
+
+async def test_unix_socket_url(redis_server_factory: RedisServerFactory, tmp_path: Any) -> None:
+    sock = tmp_path / "redis.sock"
+    redis_server_factory(None, "--unixsocket", str(sock), "--unixsocketperm", "700")
+    t = RedisTier(f"unix://{sock}?db=2")
+    await t.open()
+    try:
+        assert t._fast_target is not None  # batched reads use the fast reader here too
+        items = [(f"u{i}".encode(), os.urandom(50_000)) for i in range(8)]
+        assert await t.write_many(items) == [None] * 8
+        bufs = [buf(50_000) for _ in items]
+        assert await t.read_many_into([k for k, _ in items], bufs) == [50_000] * 8
+        assert all(bytes(b) == d for b, (_k, d) in zip(bufs, items, strict=True))
+    finally:
+        await t.aclose()
