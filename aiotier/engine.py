@@ -427,6 +427,7 @@ class TieringEngine:
         exclude: int,
         protected: list[int],
         prefix: bool,
+        hold: bool = True,
     ) -> list[tuple[int, int]]:
         """Ask each tier, in order, about the keys nobody above it had; then start promotions.
 
@@ -472,7 +473,7 @@ class TieringEngine:
             found = {ti: [i for i in pos if i < first_miss] for ti, pos in found.items()}
         unplaced: list[tuple[int, int]] = []
         for ti in sorted(found):
-            for i in self._start_promotion(ti, ks, found[ti], results, rs, protected):
+            for i in self._start_promotion(ti, ks, found[ti], results, rs, protected, hold):
                 unplaced.append((i, ti))
         return unplaced
 
@@ -496,8 +497,12 @@ class TieringEngine:
         results: list[LookupResult],
         rs: RequestState | None,
         protected: list[int],
+        hold: bool = True,
     ) -> list[int]:
         """Reserve slots synchronously for keys found in tier ``ti`` and start one read task.
+
+        ``hold`` pins each promoted block for the caller (``rs``, or until the next step for
+        anonymous lookups); ``get`` passes False since it copies the bytes out at once.
 
         Returns the positions that got no slot (they answer MISS, counted as allocation
         failures of the promotion phase).
@@ -534,7 +539,8 @@ class TieringEngine:
         for k, slot, i in zip(keys, slots, where, strict=True):
             self._table.pin(slot)  # the read's own pin: the slot stays reserved until it ends
             self._inflight[k] = _Inflight(slot, ti)
-            self._hold(rs, k, slot)
+            if hold:
+                self._hold(rs, k, slot)
             results[i] = _RETRY
             protected.append(slot)
         self._promoting += len(keys)
@@ -953,7 +959,10 @@ class TieringEngine:
         self._demoting.pop(k, None)
         if self.write_policy == "write_through" and self.tiers:
             data = self._arena.read(slot)
-            for ti in range(len(self.tiers)):
+            # until the first tier has it, an eviction must not lose it: track it as on its way down
+            if self._enqueue(0, _Op(_WRITE, k, data, demotion=True)):
+                self._demoting[k] = data
+            for ti in range(1, len(self.tiers)):
                 self._enqueue(ti, _Op(_WRITE, k, data))
             self._table.clean[slot] = 1
             return
@@ -980,7 +989,7 @@ class TieringEngine:
         rec = self._track(k)
         if rec is None:
             self._stats.primary_miss += 1
-            unplaced = await self._consult_tiers([k], [0], [_MISS], None, -1, [], False)
+            unplaced = await self._consult_tiers([k], [0], [_MISS], None, -1, [], False, False)
             self._stats.sync_delays.append(_now() - started)
             self._maybe_flush()
             if unplaced:
