@@ -44,7 +44,16 @@ from .._core.budget import ByteBudgetLRU
 from .._types import MAX_KEY_BYTES, LookupResult, normalize_key
 from ..errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
 from .base import SecondaryTier, TierUsage
-from .framing import HEADER, checksum, encode_header, frame_size, parse_header, verify_payload
+from .framing import (
+    FORMAT_VERSION,
+    HEADER,
+    MAGIC,
+    checksum,
+    encode_header,
+    frame_size,
+    parse_header,
+    verify_payload,
+)
 
 __all__ = ["SSDScan", "SSDTier", "scan_directory"]
 
@@ -147,7 +156,20 @@ def _read_block(path: str, key: bytes, payload_len: int, buf: memoryview, tier_n
         return -1
     try:
         hdr = bytearray(HEADER.size + len(key))
-        got = _read_exact_into(fd, [memoryview(hdr), buf], 0)
+        got = os.preadv(fd, [hdr, buf], 0)
+        if got == len(hdr) + payload_len:  # the common case, checked without allocations
+            magic, version, _flags, key_len, plen, digest = HEADER.unpack_from(hdr)
+            if (
+                magic == MAGIC
+                and version == FORMAT_VERSION
+                and plen == payload_len
+                and key_len == len(key)
+                and hdr[HEADER.size :] == key
+                and checksum(buf) == digest
+            ):
+                return payload_len
+        else:
+            got = _read_exact_into(fd, [memoryview(hdr), buf], 0)
         where = f"ssd tier {tier_name!r} file {path}"
         try:
             if got < len(hdr):
@@ -193,13 +215,32 @@ def _unlink_quiet(path: str) -> None:
         os.unlink(path)
 
 
+class _Group:
+    """One future for a batch of ops: futures and callbacks per block cost ~10 µs each."""
+
+    __slots__ = ("fut", "remaining", "results")
+
+    def __init__(self, fut: asyncio.Future[None], n: int) -> None:
+        self.fut = fut
+        self.remaining = n
+        self.results: list[Any] = [None] * n
+
+    def settle_one(self, index: int, outcome: Any) -> None:
+        self.results[index] = outcome
+        self.remaining -= 1
+        if self.remaining <= 0 and not self.fut.done():
+            self.fut.set_result(None)
+
+
 class _Op:
     """One queued unit of disk work: ``run`` on a tier thread, ``finish`` on the loop."""
 
-    __slots__ = ("fut", "nbytes", "started", "withdrawn")
+    __slots__ = ("fut", "group", "index", "nbytes", "started", "withdrawn")
 
-    def __init__(self, fut: asyncio.Future[Any], nbytes: int) -> None:
-        self.fut = fut
+    def __init__(self, nbytes: int) -> None:
+        self.fut: asyncio.Future[Any] | None = None
+        self.group: _Group | None = None
+        self.index = 0
         self.nbytes = nbytes
         self.started = False
         self.withdrawn = False
@@ -208,8 +249,16 @@ class _Op:
         raise NotImplementedError
 
     def finish(self, outcome: Any) -> None:
-        """Apply ``outcome`` (a value or an exception) to the index and resolve ``fut``."""
-        _resolve(self.fut, outcome)
+        """Apply ``outcome`` (a value or an exception) to the index, then :meth:`settle`."""
+        self.settle(outcome)
+
+    def settle(self, outcome: Any) -> None:
+        """Hand ``outcome`` to whoever awaits this op (its own future or its group)."""
+        group = self.group
+        if group is not None:
+            group.settle_one(self.index, outcome)
+        elif self.fut is not None:
+            _resolve(self.fut, outcome)
 
 
 def _resolve(fut: asyncio.Future[Any], outcome: Any) -> None:
@@ -676,16 +725,40 @@ class SSDTier(SecondaryTier):
         the thread to finish before re-raising: the op may be writing into, or reading from,
         the caller's buffer, and the caller may reuse that buffer as soon as we return.
         """
+        assert self._loop is not None
+        fut = op.fut = self._loop.create_future()
         self._enqueue(op)
         try:
-            return await asyncio.shield(op.fut)
+            return await asyncio.shield(fut)
         except asyncio.CancelledError:
             if not op.started and withdrawable:
                 op.withdrawn = True
-                op.fut.cancel()
+                fut.cancel()
                 raise
-            await _wait_settled(op.fut)
+            await _wait_settled(fut)
             raise
+
+    async def _submit_group(self, ops: Sequence[_Op], *, withdrawable: bool) -> list[Any]:
+        """Queue ``ops`` under one future; their outcomes in order (same cancellation rule)."""
+        assert self._loop is not None
+        group = _Group(self._loop.create_future(), len(ops))
+        for i, op in enumerate(ops):
+            op.group = group
+            op.index = i
+            self._enqueue(op)
+        try:
+            await asyncio.shield(group.fut)
+        except asyncio.CancelledError:
+            if withdrawable:
+                for op in ops:
+                    if not op.started and not op.withdrawn:
+                        op.withdrawn = True
+                        group.remaining -= 1
+                if group.remaining <= 0 and not group.fut.done():
+                    group.fut.set_result(None)
+            await _wait_settled(group.fut)
+            raise
+        return group.results
 
     def _next_stamp(self) -> int:
         """A strictly increasing wall-clock ns stamp: file mtimes carry exact write order.
@@ -699,7 +772,8 @@ class SSDTier(SecondaryTier):
         return t
 
     def _path(self, digest: bytes, size: int) -> str:
-        return os.path.join(self.path, block_relpath(digest, size))
+        h = digest.hex()
+        return f"{self.path}/{h[:2]}/{h}-{size:x}.blk"
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -732,11 +806,7 @@ class SSDTier(SecondaryTier):
                 f"holds {buf.nbytes}"
             )
         self._budget.touch(digest)
-        assert self._loop is not None
-        return _ReadOp(
-            self, self._loop.create_future(), key, digest, size, payload_len,
-            _byte_view(buf)[:payload_len],
-        )
+        return _ReadOp(self, key, digest, size, payload_len, _byte_view(buf)[:payload_len])
 
     async def read_into(self, key: bytes, buf: memoryview) -> int:
         self._check_open()
@@ -754,7 +824,8 @@ class SSDTier(SecondaryTier):
         if len(keys) != len(bufs):
             raise ValueError(f"{len(keys)} keys but {len(bufs)} buffers")
         out: list[int | Exception] = [-1] * len(keys)
-        waits: list[tuple[int, _ReadOp]] = []
+        where: list[int] = []
+        ops: list[_ReadOp] = []
         for i, (k, b) in enumerate(zip(keys, bufs, strict=True)):
             try:
                 op = self._read_op(k, b)
@@ -762,24 +833,12 @@ class SSDTier(SecondaryTier):
                 out[i] = exc
                 continue
             if op is not None:
-                self._enqueue(op)
-                waits.append((i, op))
-        if waits:
-            try:
-                await asyncio.wait([op.fut for _i, op in waits])
-            except asyncio.CancelledError:
-                for _i, op in waits:
-                    if not op.started:
-                        op.withdrawn = True
-                for _i, op in waits:
-                    if op.started:
-                        await _wait_settled(op.fut)
-                    else:
-                        op.fut.cancel()
-                raise
-            for i, op in waits:
-                failure = op.fut.exception()
-                out[i] = op.fut.result() if failure is None else _as_exception(failure)
+                where.append(i)
+                ops.append(op)
+        if ops:
+            results = await self._submit_group(ops, withdrawable=True)
+            for i, r in zip(where, results, strict=True):
+                out[i] = r if isinstance(r, int) else _as_exception(r)
         return out
 
     def _read_finished(self, op: _ReadOp, outcome: Any) -> None:
@@ -794,7 +853,7 @@ class SSDTier(SecondaryTier):
             )
             err.__cause__ = outcome
             outcome = err
-        _resolve(op.fut, outcome)
+        op.settle(outcome)
 
     # -- writes --------------------------------------------------------------------------------
 
@@ -833,7 +892,6 @@ class SSDTier(SecondaryTier):
 
     def _write_op(self, key: bytes, data: bytes | memoryview) -> _WriteOp:
         """Admit one block into the budget and build its write (the digest is already owned)."""
-        assert self._loop is not None
         view = _byte_view(data)
         size = frame_size(key, view.nbytes)
         digest = key_digest(key)
@@ -844,13 +902,11 @@ class SSDTier(SecondaryTier):
         unlink = [self._path(d, s) for d, s in victims if d not in self._busy]
         self._tmp_seq += 1
         final = self._path(digest, size)
-        tmp = os.path.join(
-            os.path.dirname(final), f"{TMP_PREFIX}{digest.hex()}-{self._tmp_seq:x}"
-        )
+        tmp = f"{final.rpartition('/')[0]}/{TMP_PREFIX}{digest.hex()}-{self._tmp_seq:x}"
         old_path = None if old is None or old == size else self._path(digest, old)
         return _WriteOp(
-            self, self._loop.create_future(), key, digest, size, view, final, tmp, old_path,
-            unlink, self.handover_evicted, self._next_stamp(),
+            self, key, digest, size, view, final, tmp, old_path, unlink, self.handover_evicted,
+            self._next_stamp(),
         )
 
     def _check_write(self, key: bytes, data: bytes | memoryview) -> bytes:
@@ -907,17 +963,9 @@ class SSDTier(SecondaryTier):
         for _i, op in ops:
             if self._budget.size_of(op.digest) != op.size:
                 op.skip = True  # already evicted by a later block of this batch
-        for _i, op in ops:
-            self._enqueue(op)
-        try:
-            await asyncio.wait([op.fut for _i, op in ops])
-        except asyncio.CancelledError:
-            for _i, op in ops:
-                await _wait_settled(op.fut)
-            raise
-        for i, op in ops:
-            failure = op.fut.exception()
-            out[i] = None if failure is None else _as_exception(failure)
+        results = await self._submit_group([op for _i, op in ops], withdrawable=False)
+        for (i, _op), r in zip(ops, results, strict=True):
+            out[i] = _as_exception(r) if isinstance(r, BaseException) else None
         return out
 
     def _write_finished(self, op: _WriteOp, outcome: Any) -> None:
@@ -934,19 +982,17 @@ class SSDTier(SecondaryTier):
                 )
                 err.__cause__ = outcome
                 outcome = err
-            _resolve(op.fut, outcome)
+            op.settle(outcome)
             return
         evicted: list[tuple[bytes, bytes]] = outcome
         self._hand_over(evicted)
         if not op.skip and self._budget.size_of(op.digest) != op.size:
             # Evicted by another write while ours was on a thread: remove what we just wrote,
             # and report the write done only then (disk and index agree when a write returns).
-            assert self._loop is not None
-            cleanup = _UnlinkOp(self, self._loop.create_future(), op.final, op.digest, op.fut)
-            self._enqueue(cleanup)
+            self._enqueue(_UnlinkOp(self, op.final, op.digest, then=op))
             return
         self._release(op.digest)
-        _resolve(op.fut, None)
+        op.settle(None)
 
     def _hand_over(self, evicted: list[tuple[bytes, bytes]]) -> None:
         if not evicted or not self.handover_evicted:
@@ -973,9 +1019,7 @@ class SSDTier(SecondaryTier):
         if size is None:
             self._release(digest)
             return False
-        assert self._loop is not None
-        op = _UnlinkOp(self, self._loop.create_future(), self._path(digest, size), digest)
-        await self._submit(op, withdrawable=False)
+        await self._submit(_UnlinkOp(self, self._path(digest, size), digest), withdrawable=False)
         return True
 
     def contains_hint(self, key: bytes) -> bool | None:
@@ -997,14 +1041,13 @@ class _ReadOp(_Op):
     def __init__(
         self,
         tier: SSDTier,
-        fut: asyncio.Future[Any],
         key: bytes,
         digest: bytes,
         size: int,
         payload_len: int,
         buf: memoryview,
     ) -> None:
-        super().__init__(fut, size)
+        super().__init__(size)
         self.tier = tier
         self.key = key
         self.digest = digest
@@ -1033,7 +1076,6 @@ class _WriteOp(_Op):
     def __init__(
         self,
         tier: SSDTier,
-        fut: asyncio.Future[Any],
         key: bytes,
         digest: bytes,
         size: int,
@@ -1045,7 +1087,7 @@ class _WriteOp(_Op):
         handover: bool,
         stamp: int,
     ) -> None:
-        super().__init__(fut, size)
+        super().__init__(size)
         self.tier = tier
         self.key = key
         self.digest = digest
@@ -1118,18 +1160,13 @@ class _UnlinkOp(_Op):
     __slots__ = ("digest", "path", "then", "tier")
 
     def __init__(
-        self,
-        tier: SSDTier,
-        fut: asyncio.Future[Any],
-        path: str,
-        digest: bytes,
-        then: asyncio.Future[Any] | None = None,
+        self, tier: SSDTier, path: str, digest: bytes, *, then: _Op | None = None
     ) -> None:
-        super().__init__(fut, 0)
+        super().__init__(0)
         self.tier = tier
         self.path = path
         self.digest = digest
-        self.then = then  # another op's future, resolved once this clean-up is done
+        self.then = then  # another op, settled once this clean-up is done
 
     def run(self) -> None:
         _unlink_quiet(self.path)
@@ -1141,9 +1178,9 @@ class _UnlinkOp(_Op):
         if isinstance(outcome, OSError):
             log.warning("ssd tier %r: removing %s failed: %s", self.tier.name, self.path, outcome)
             outcome = None
-        _resolve(self.fut, outcome)
+        self.settle(outcome)
         if self.then is not None:
-            _resolve(self.then, None)
+            self.then.settle(None)
 
 
 async def _wait_settled(fut: asyncio.Future[Any]) -> None:
