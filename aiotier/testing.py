@@ -14,12 +14,14 @@ import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ._types import LookupResult
 from .errors import BlockCorruptedError
+from .telemetry import METRICS
 from .tiers.base import SecondaryTier, TierUsage
 
-__all__ = ["Fault", "FaultyTier"]
+__all__ = ["Fault", "FaultyTier", "MetricsProbe"]
 
 OPS = ("lookup", "read", "write", "remove", "open", "close")
 
@@ -175,3 +177,49 @@ class FaultyTier(SecondaryTier):
 
     def take_evicted(self) -> list[tuple[bytes, bytes]]:
         return self.inner.take_evicted()
+
+
+class MetricsProbe:
+    """Read aiotier metrics from an ``InMemoryMetricReader`` by their Prometheus names.
+
+    ``probe.value("aiotier_lookups_total", tier="primary", result="hit")`` sums a counter over
+    the points whose labels match; ``count``/``sum``/``buckets`` read a histogram the same way.
+    Figures are cumulative since the provider started.
+    """
+
+    def __init__(self, reader: Any) -> None:
+        self.reader = reader
+        self._otel = {m.prometheus: m.otel_name for m in METRICS}
+
+    def _points(self, prometheus_name: str, labels: dict[str, str]) -> list[Any]:
+        try:
+            otel_name = self._otel[prometheus_name]
+        except KeyError:
+            raise ValueError(f"{prometheus_name!r} is not an aiotier metric") from None
+        data = self.reader.get_metrics_data()
+        points: list[Any] = []
+        for rm in getattr(data, "resource_metrics", None) or ():
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.name != otel_name:
+                        continue
+                    for p in metric.data.data_points:
+                        attrs = dict(p.attributes or {})
+                        if all(attrs.get(k) == v for k, v in labels.items()):
+                            points.append(p)
+        return points
+
+    def value(self, prometheus_name: str, **labels: str) -> float:
+        return float(sum(p.value for p in self._points(prometheus_name, labels)))
+
+    def count(self, prometheus_name: str, **labels: str) -> int:
+        return int(sum(p.count for p in self._points(prometheus_name, labels)))
+
+    def sum(self, prometheus_name: str, **labels: str) -> float:
+        return float(sum(p.sum for p in self._points(prometheus_name, labels)))
+
+    def buckets(self, prometheus_name: str) -> tuple[float, ...]:
+        points = self._points(prometheus_name, {})
+        if not points:
+            raise AssertionError(f"no data point recorded for {prometheus_name!r}")
+        return tuple(points[0].explicit_bounds)

@@ -1,0 +1,127 @@
+"""Real exports: a Prometheus scrape over HTTP on 127.0.0.1 and an OTLP/HTTP protobuf sink."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import socket
+import threading
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from prometheus_client.parser import text_string_to_metric_families
+
+from aiotier import LookupResult, MemoryTier, PrimaryTier, RequestContext, TieringEngine
+from aiotier.telemetry import METRICS, start_otlp_exporter, start_prometheus_server
+from aiotier.testing import FaultyTier
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def tiers() -> list[MemoryTier | FaultyTier]:
+    tier = MemoryTier(1 << 20)
+    await tier.write(b"below", b"x")
+    return [tier, FaultyTier(MemoryTier(1 << 20), name="broken").fail("lookup")]
+
+
+async def drive(engine: TieringEngine) -> None:
+    """One step that touches every metric."""
+    r = RequestContext("r")
+    assert await engine.lookup("nowhere", r) is LookupResult.MISS  # a tier error below
+    assert await engine.lookup("below", r) is LookupResult.RETRY
+    await engine.wait(["below"])
+    assert await engine.put("a", b"a")
+    assert await engine.put("b", b"b")  # evicts: write-back to the memory tier
+    assert engine.prepare_store(["c", "d", "e"]) is None
+    await engine.flush()
+    engine.end_step(new_req_ids=["r"])
+
+
+async def test_prometheus_scrape_shows_the_spec_names() -> None:
+    port = free_port()
+    provider = start_prometheus_server(port=port)
+    try:
+        async with TieringEngine(PrimaryTier(2, 8), await tiers(), meter_provider=provider) as e:
+            await drive(e)
+            body = await asyncio.to_thread(
+                lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10)
+                .read()
+                .decode()
+            )
+    finally:
+        provider.shutdown()
+    families = {f.name: f for f in text_string_to_metric_families(body)}
+    samples = {s.name for f in families.values() for s in f.samples}
+    for m in METRICS:
+        if m.kind == "histogram":
+            assert f"{m.prometheus}_bucket" in samples, m.prometheus
+        else:
+            assert m.prometheus in samples, m.prometheus
+    buckets = sorted(
+        float(s.labels["le"])
+        for s in families["aiotier_lookup_sync_delay_seconds"].samples
+        if s.name.endswith("_bucket")
+    )
+    assert buckets[:-1] == [1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1.0]
+    hits = [
+        s.value
+        for s in families["aiotier_lookups"].samples
+        if s.labels.get("tier") == "memory" and s.labels.get("result") == "hit"
+    ]
+    assert hits == [1.0]
+    with pytest.raises(OSError):  # the server stopped with its provider
+        await asyncio.to_thread(
+            urllib.request.urlopen, f"http://127.0.0.1:{port}/metrics", timeout=2
+        )
+
+
+class _Sink(http.server.BaseHTTPRequestHandler):
+    received: list[bytes]
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.received.append(body)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def otlp_sink() -> Iterator[tuple[str, list[bytes]]]:
+    received: list[bytes] = []
+    handler = type("Sink", (_Sink,), {"received": received})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1/metrics", received
+    server.shutdown()
+    server.server_close()
+
+
+async def test_otlp_export_reaches_a_local_sink(otlp_sink: tuple[str, list[bytes]]) -> None:
+    url, received = otlp_sink
+    provider = start_otlp_exporter(url, interval_seconds=3600)
+    async with TieringEngine(PrimaryTier(2, 8), await tiers(), meter_provider=provider) as e:
+        await drive(e)
+    await asyncio.to_thread(provider.force_flush)
+    await asyncio.to_thread(provider.shutdown)
+    assert received
+    names = set()
+    for body in received:
+        req = ExportMetricsServiceRequest()
+        req.ParseFromString(body)
+        for rm in req.resource_metrics:
+            for sm in rm.scope_metrics:
+                names.update(m.name for m in sm.metrics)
+    assert {"aiotier.lookup_sync_delay", "aiotier.lookups", "aiotier.tier_usage"} <= names
