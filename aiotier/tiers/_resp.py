@@ -336,6 +336,7 @@ class RespReaderPool:
         username: str | None = None,
         password: str | None = None,
         max_idle: int = 8,
+        max_connections: int = 32,
     ) -> None:
         self._host, self._port, self._path = host, port, path
         self._handshake: list[bytes] = []
@@ -347,6 +348,9 @@ class RespReaderPool:
             self._handshake.append(_pack(b"SELECT", str(db).encode()))
         self._idle: list[_MgetProtocol] = []
         self._max_idle = max_idle
+        # Bounds this tier's raw connections (a fleet must stay under the server's maxclients);
+        # callers beyond it wait, within their own timeout.
+        self._slots = asyncio.Semaphore(max_connections)
 
     async def _connect(self) -> _MgetProtocol:
         loop = asyncio.get_running_loop()
@@ -372,6 +376,12 @@ class RespReaderPool:
         self, rkeys: Sequence[bytes], keys: Sequence[bytes], bufs: Sequence[memoryview]
     ) -> list[RawReply]:
         """One MGET; payloads land in ``bufs`` and are verified there."""
+        async with self._slots:
+            return await self._mget_into(rkeys, keys, bufs)
+
+    async def _mget_into(
+        self, rkeys: Sequence[bytes], keys: Sequence[bytes], bufs: Sequence[memoryview]
+    ) -> list[RawReply]:
         proto = None
         while self._idle:
             candidate = self._idle.pop()

@@ -122,7 +122,8 @@ class RedisTier(SecondaryTier):
 
     ``fast_reads`` (plain ``redis://`` and ``unix://`` only) lets batched reads skip redis-py's
     reply parser and land in the caller's buffers directly; batches of more than a few MiB are
-    split over up to ``read_streams`` connections read at once.
+    split over up to ``read_streams`` connections read at once, and the fast reader keeps at
+    most ``max_read_connections`` connections open.
     """
 
     def __init__(
@@ -140,6 +141,7 @@ class RedisTier(SecondaryTier):
         probe_interval: float = 1.0,
         fast_reads: bool = True,
         read_streams: int = 4,
+        max_read_connections: int = 32,
         client_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(name)
@@ -161,6 +163,10 @@ class RedisTier(SecondaryTier):
             raise ConfigError(f"probe_interval must be positive, got {probe_interval!r}")
         if not isinstance(read_streams, int) or read_streams < 1:
             raise ConfigError(f"read_streams must be an int >= 1, got {read_streams!r}")
+        if not isinstance(max_read_connections, int) or max_read_connections < 1:
+            raise ConfigError(
+                f"max_read_connections must be an int >= 1, got {max_read_connections!r}"
+            )
         self._redis, self._exc = _import_redis()
         self.url = url
         self.namespace = namespace
@@ -172,6 +178,7 @@ class RedisTier(SecondaryTier):
         self.probe_interval = probe_interval
         self._client_kwargs = dict(client_kwargs or {})
         self.read_streams = read_streams
+        self.max_read_connections = max_read_connections
         self._fast_target = self._fast_reader_target() if fast_reads and not cluster else None
         self._fast: RespReaderPool | None = None
         self._prefix = namespace.encode("utf-8") + b":"
@@ -293,7 +300,11 @@ class RedisTier(SecondaryTier):
         else:
             self._client = self._redis.Redis.from_url(self.url, **kwargs)
         if self._fast_target is not None and self._fast is None:
-            self._fast = RespReaderPool(**self._fast_target, max_idle=max(8, self.read_streams))
+            self._fast = RespReaderPool(
+                **self._fast_target,
+                max_idle=max(8, self.read_streams),
+                max_connections=self.max_read_connections,
+            )
         return self._client
 
     # -- keys and frames -------------------------------------------------------------------------

@@ -796,3 +796,29 @@ async def test_unix_socket_url(redis_server_factory: RedisServerFactory, tmp_pat
         assert all(bytes(b) == d for b, (_k, d) in zip(bufs, items, strict=True))
     finally:
         await t.aclose()
+
+
+async def test_fast_reader_connections_are_bounded(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiotier.tiers import _resp
+
+    dialled: list[int] = []
+    original = _resp.RespReaderPool._connect
+
+    async def counting(self: _resp.RespReaderPool) -> Any:
+        dialled.append(1)
+        return await original(self)
+
+    monkeypatch.setattr(_resp.RespReaderPool, "_connect", counting)
+    t = RedisTier(redis_url, max_read_connections=2)
+    await t.open()
+    try:
+        await t.write_many([(f"c{i}".encode(), b"v" * 100) for i in range(20)])
+        results = await asyncio.gather(
+            *(t.read_many_into([f"c{i}".encode()], [buf(100)]) for i in range(20))
+        )
+        assert results == [[100]] * 20
+        assert len(dialled) == 2  # twenty concurrent reads shared two connections
+    finally:
+        await t.aclose()
