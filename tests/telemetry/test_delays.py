@@ -57,7 +57,9 @@ async def test_request_admitted_after_promotion(engine: TieringEngine, probe: Me
     assert (probe.count(SYNC), probe.count(ASYNC)) == (1, 1)  # each interval exactly once
 
 
-async def test_sync_delay_accumulates_over_lookups(engine: TieringEngine, probe: MetricsProbe) -> None:
+async def test_sync_delay_accumulates_over_lookups(
+    engine: TieringEngine, probe: MetricsProbe
+) -> None:
     assert await engine.lookup("missing-a", R1) is LookupResult.MISS
     first = engine._requests["r1"].sync_delay
     assert await engine.lookup("missing-b", R1) is LookupResult.MISS
@@ -84,7 +86,9 @@ async def test_finished_without_deferral(engine: TieringEngine, probe: MetricsPr
     assert (probe.count(SYNC), probe.count(ASYNC)) == (1, 0)
 
 
-async def test_primary_only_hits_observe_nothing(engine: TieringEngine, probe: MetricsProbe) -> None:
+async def test_primary_only_hits_observe_nothing(
+    engine: TieringEngine, probe: MetricsProbe
+) -> None:
     assert await engine.put("p", b"p")
     assert await engine.lookup("p", R1) is LookupResult.HIT
     assert await engine.lookup_prefix(["p"], R1) == 1

@@ -6,6 +6,7 @@ import asyncio
 import http.server
 import socket
 import threading
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
@@ -77,7 +78,7 @@ async def test_prometheus_scrape_shows_the_spec_names() -> None:
         if s.labels.get("tier") == "memory" and s.labels.get("result") == "hit"
     ]
     assert hits == [1.0]
-    with pytest.raises(OSError):  # the server stopped with its provider
+    with pytest.raises(urllib.error.URLError):  # the server stopped with its provider
         await asyncio.to_thread(
             urllib.request.urlopen, f"http://127.0.0.1:{port}/metrics", timeout=2
         )
