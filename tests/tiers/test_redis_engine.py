@@ -236,3 +236,48 @@ async def test_64_key_lookup_prefix_costs_one_round_trip(redis_url: str) -> None
     assert calls(after, "evalsha") - calls(before, "evalsha") == 1  # all 64 lookups
     assert calls(after, "mget") - calls(before, "mget") == 1  # all 48 reads
     assert calls(after, "get") == calls(before, "get")
+
+
+async def test_server_killed_with_promotions_in_flight(
+    redis_server_factory: RedisServerFactory,
+) -> None:
+    """Reads already sent when the server dies end as MISS / None, promptly, without raising."""
+    import signal
+
+    server = redis_server_factory()
+    timeout = 0.5
+    tier = RedisTier(server.url, timeout=timeout, probe_interval=0.05)
+    keys = [f"inflight-{i}".encode() for i in range(16)]
+    async with engine_on(server.url) as writer:
+        for i, k in enumerate(keys):
+            assert await writer.put(k, block(i))
+        writer_tier = writer.tiers[0]
+        assert isinstance(writer_tier, RedisTier)
+        await wait_in_redis(server.url, writer_tier, keys)
+
+    async with TieringEngine(PrimaryTier(32, BLOCK), [tier], promotion_timeout=2.0) as e:
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGSTOP)  # requests go out but are not answered
+        t0 = time.monotonic()
+        gets = asyncio.gather(*(e.get(k) for k in keys[:8]))
+        prefix = asyncio.ensure_future(e.lookup_prefix(keys[8:]))
+        await asyncio.sleep(0.1)
+        server.kill()  # now the connections die under them
+        assert await gets == [None] * 8
+        assert await prefix == 0
+        assert await e.wait(keys) == [MISS] * 16
+        assert time.monotonic() - t0 < 3 * timeout + 1.0
+        assert e.stats().promotions_in_flight == 0
+
+        server.start()
+        deadline = time.monotonic() + 10
+        while not tier.available:
+            assert time.monotonic() < deadline, "the tier did not reconnect"
+            await asyncio.sleep(0.02)
+        assert await e.put(b"after-restart", block(99))
+        assert await tier.lookup(b"after-restart") is MISS  # write_back: still only in primary
+    async with engine_on(server.url) as writer:
+        assert await writer.put(b"written-again", block(5))
+        writer_tier = writer.tiers[0]
+        assert isinstance(writer_tier, RedisTier)
+        await wait_in_redis(server.url, writer_tier, [b"written-again"])
