@@ -72,7 +72,10 @@ _BLOCK_RE: Final = re.compile(r"([0-9a-f]{32})-([0-9a-f]{1,16})\.blk")
 #: Most blocks and bytes one thread hop carries: enough to amortise the hop (20-65 µs), small
 #: enough that several hops run in parallel and a cancelled caller never waits long.
 _HOP_MAX_OPS: Final = 32
-_HOP_MAX_BYTES: Final = 8 << 20
+_HOP_MAX_BYTES: Final = 16 << 20
+#: Queued ops that start a hop at once when a thread is idle, instead of at the end of the loop
+#: iteration: the thread starts copying while the loop is still preparing the rest of a batch.
+_EARLY_HOP: Final = 8
 #: How long a cancelled caller waits for a hop already touching its buffer before giving up.
 _CANCEL_GRACE: Final = 30.0
 #: Evicted blocks kept for the tier below before the oldest are dropped (engine not taking).
@@ -657,10 +660,13 @@ class SSDTier(SecondaryTier):
     # -- the op queue --------------------------------------------------------------------------
 
     def _enqueue(self, op: _Op) -> None:
-        self._queue.append(op)
+        queue = self._queue
+        queue.append(op)
         assert self._idle is not None
         self._idle.clear()
-        if not self._flush_scheduled:
+        if self._hops == 0 and len(queue) >= _EARLY_HOP:
+            self._start_hop(len(queue))
+        elif not self._flush_scheduled:
             self._flush_scheduled = True
             assert self._loop is not None
             self._loop.call_soon(self._flush)
@@ -669,32 +675,37 @@ class SSDTier(SecondaryTier):
         """Pack queued ops into hops, spreading them over the free threads."""
         self._flush_scheduled = False
         queue = self._queue
-        while queue and queue[0].withdrawn:
-            queue.popleft()
         while queue and self._hops < self.io_threads:
             free = self.io_threads - self._hops
-            share = -(-len(queue) // free)
-            batch: list[_Op] = []
-            nbytes = 0
-            while queue and len(batch) < min(share, _HOP_MAX_OPS):
-                op = queue[0]
-                if op.withdrawn:
-                    queue.popleft()
-                    continue
-                if batch and nbytes + op.nbytes > _HOP_MAX_BYTES:
-                    break
-                queue.popleft()
-                op.started = True
-                batch.append(op)
-                nbytes += op.nbytes
-            if not batch:
+            if not self._start_hop(-(-len(queue) // free)):
                 break
-            self._hops += 1
-            assert self._loop is not None
-            task = self._loop.create_task(self._hop(batch))
-            self._hop_tasks.add(task)
-            task.add_done_callback(self._hop_tasks.discard)
         self._maybe_idle()
+
+    def _start_hop(self, max_ops: int) -> bool:
+        """Send up to ``max_ops`` queued ops (and ``_HOP_MAX_BYTES``) to a thread in one hop."""
+        queue = self._queue
+        batch: list[_Op] = []
+        nbytes = 0
+        limit = min(max_ops, _HOP_MAX_OPS)
+        while queue and len(batch) < limit:
+            op = queue[0]
+            if op.withdrawn:
+                queue.popleft()
+                continue
+            if batch and nbytes + op.nbytes > _HOP_MAX_BYTES:
+                break
+            queue.popleft()
+            op.started = True
+            batch.append(op)
+            nbytes += op.nbytes
+        if not batch:
+            return False
+        self._hops += 1
+        assert self._loop is not None
+        task = self._loop.create_task(self._hop(batch))
+        self._hop_tasks.add(task)
+        task.add_done_callback(self._hop_tasks.discard)
+        return True
 
     def _maybe_idle(self) -> None:
         if self._hops == 0 and not self._queue and self._idle is not None:

@@ -1,0 +1,464 @@
+"""``ssd_promote`` / ``ssd_demote`` / ``ssd_open``: the SSD tier against a floor and peers.
+
+``ssd_promote`` moves N blocks from an :class:`~aiotier.tiers.SSDTier` into the primary arena,
+requested as a scheduler does (``lookup_prefix`` of 64 keys, then ``wait``; until the engine
+exists, the tier's own ``read_many_into``), every block verified. The floor is the fastest simple
+thing that moves the same bytes: a synchronous ``open`` + ``os.preadv`` + ``close`` of the same
+files into one reused, page-aligned buffer (a ``bytearray`` sits 16 bytes past a page boundary,
+which makes the kernel copy ~4x slower through 4K aliasing and would flatter us). The peers are
+``diskcache.Cache.get`` of the same values and naive aiofiles (``async with aiofiles.open`` +
+``read`` per file, 64 files gathered at once: three thread hops per file). Warm and cold (pages
+dropped with ``posix_fadvise(DONTNEED)`` before each round of every contender).
+
+``ssd_demote`` writes N evicted blocks down: the engine's write-back (``put`` into a primary that
+holds 64 blocks, then ``flush``) when the engine exists, the tier's ``write_many`` otherwise;
+floor: a synchronous temp-file write + rename of the same bytes; peer: ``diskcache.Cache.set``.
+
+``ssd_open``: the index rebuild of ``SSDTier.open()`` over N files (restart time), and the cost
+of the checksum on the promotion path. Rounds alternate contenders; figures are medians.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import mmap
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import aiofiles
+import xxhash
+
+from ..tiers.ssd import SSDTier
+from .common import Case, LoopLagTicker, Measure
+
+__all__ = ["main", "run"]
+
+BATCH = 64
+KiB = 1024
+MiB = 1024 * KiB
+
+
+def _engine_available() -> bool:
+    try:
+        from ..engine import TieringEngine  # noqa: F401
+        from ..tiers.primary import PrimaryTier  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _drop_pages(paths: list[str]) -> None:
+    """Evict the files' pages from the page cache (clean pages only: data is synced at setup)."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _all_files(root: str) -> list[str]:
+    out: list[str] = []
+    for dirpath, _dirs, files in os.walk(root):
+        out.extend(os.path.join(dirpath, f) for f in files)
+    return out
+
+
+def _sync_files(paths: list[str]) -> None:
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+async def _alternate(
+    fns: dict[str, Callable[[], Awaitable[float]]],
+    rounds: int,
+    before: Callable[[str], None] | None = None,
+) -> dict[str, float]:
+    """Warm each contender up once, then run them in turn ``rounds`` times; medians."""
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(rounds + 1):
+        for name, fn in fns.items():
+            if before is not None:
+                before(name)
+            value = await fn()
+            if r:
+                samples[name].append(value)
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+@contextlib.asynccontextmanager
+async def _promoter(
+    tier: SSDTier, keys: list[bytes], block_size: int
+) -> AsyncIterator[tuple[Callable[[], Awaitable[None]], str]]:
+    batches = [keys[i : i + BATCH] for i in range(0, len(keys), BATCH)]
+    if _engine_available():
+        from .._types import LookupResult
+        from ..engine import TieringEngine
+        from ..tiers.primary import PrimaryTier
+
+        # One batch of room (the caller keeps at least two batches): every round promotes every
+        # block again from the SSD tier (write policy "none": evictions drop, no write-back).
+        primary = PrimaryTier(BATCH, block_size)
+        engine = TieringEngine(primary, [tier], write_policy="none", promotion_timeout=60.0)
+
+        async def promote() -> None:
+            for batch in batches:
+                await engine.lookup_prefix(batch)
+                results = await engine.wait(batch, timeout=60.0)
+                if any(r is not LookupResult.HIT for r in results):
+                    raise RuntimeError(f"promotion failed: {results[:3]!r}")
+                engine.end_step()
+
+        async with engine:
+            yield promote, "engine lookup_prefix(64)+wait"
+        return
+
+    arena = memoryview(bytearray(BATCH * block_size))
+    views = [arena[i * block_size : (i + 1) * block_size] for i in range(BATCH)]
+
+    async def promote_tier() -> None:
+        for batch in batches:
+            out = await tier.read_many_into(batch, views[: len(batch)])
+            if any(n != block_size for n in out):
+                raise RuntimeError(f"promotion failed: {out[:3]!r}")
+
+    yield promote_tier, "tier read_many_into(64)"
+
+
+async def _idle_lag() -> dict[str, float]:
+    """The ticker's lateness with nothing else running: this machine's own noise floor."""
+    ticker = LoopLagTicker()
+    async with ticker:
+        await asyncio.sleep(0.5)
+    return ticker.summary_ms()
+
+
+async def _promote_cases(
+    root: str, block_size: int, blocks: int, rounds: int, io_threads: int
+) -> list[Case]:
+    import diskcache  # type: ignore[import-untyped]
+
+    keys = [f"bench-{block_size}-{i}".encode() for i in range(blocks)]
+    payload = os.urandom(block_size)
+    values = [k[-8:].rjust(8, b"-") + payload[8:] for k in keys]  # no two blocks alike
+    total = blocks * block_size
+    tier_dir = os.path.join(root, f"tier-{block_size}")
+    dc_dir = os.path.join(root, f"diskcache-{block_size}")
+    tier = SSDTier(tier_dir, 2 * total + 64 * MiB, io_threads=io_threads)
+    await tier.open()
+    cache = diskcache.Cache(dc_dir, size_limit=4 * total)
+    try:
+        for i in range(0, blocks, BATCH):
+            items = list(zip(keys[i : i + BATCH], values[i : i + BATCH], strict=True))
+            errors = await tier.write_many(items)
+            if any(errors):
+                raise RuntimeError(f"writing benchmark blocks failed: {errors[:3]!r}")
+        for k, v in zip(keys, values, strict=True):
+            cache.set(k, v)
+        tier_files = [os.path.join(tier_dir, p) for p in _tier_paths(tier, keys, block_size)]
+        dc_files = _all_files(dc_dir)
+        _sync_files(tier_files + dc_files)
+        floor_buf = mmap.mmap(-1, block_size + 4096)  # page-aligned: the fastest simple target
+        floor_view = memoryview(floor_buf)
+
+        def floor_round_sync() -> float:
+            t0 = time.perf_counter()
+            for p in tier_files:
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    os.preadv(fd, [floor_view], 0)
+                finally:
+                    os.close(fd)
+            return total / (time.perf_counter() - t0) / 1e9
+
+        async def floor_round() -> float:
+            return floor_round_sync()
+
+        async def diskcache_round() -> float:
+            t0 = time.perf_counter()
+            for k in keys:
+                if cache.get(k) is None:
+                    raise RuntimeError("diskcache lost a value")
+            return total / (time.perf_counter() - t0) / 1e9
+
+        async def naive_read(p: str) -> int:
+            async with aiofiles.open(p, "rb") as f:
+                return len(await f.read())
+
+        async def naive_round() -> float:
+            t0 = time.perf_counter()
+            for i in range(0, blocks, BATCH):
+                await asyncio.gather(*(naive_read(p) for p in tier_files[i : i + BATCH]))
+            return total / (time.perf_counter() - t0) / 1e9
+
+        out: list[Case] = []
+        async with _promoter(tier, keys, block_size) as (promote, via):
+            for cache_state in ("warm", "cold"):
+                ticker = LoopLagTicker()
+
+                async def aiotier_round(ticker: LoopLagTicker = ticker) -> float:
+                    async with ticker:
+                        t0 = time.perf_counter()
+                        await promote()
+                        return total / (time.perf_counter() - t0) / 1e9
+
+                def before(name: str, cache_state: str = cache_state) -> None:
+                    if cache_state == "cold":
+                        _drop_pages(dc_files if name == "diskcache" else tier_files)
+
+                figures = await _alternate(
+                    {
+                        "aiotier": aiotier_round,
+                        "floor": floor_round,
+                        "diskcache": diskcache_round,
+                        "naive": naive_round,
+                    },
+                    rounds,
+                    before,
+                )
+                lag = ticker.summary_ms()
+                idle = await _idle_lag()
+                out.append(
+                    Case(
+                        "ssd_promote",
+                        {
+                            "block_size": block_size,
+                            "blocks": blocks,
+                            "cache": cache_state,
+                            "batch": BATCH,
+                            "rounds": rounds,
+                            "via": via,
+                            "io_threads": tier.io_threads,
+                        },
+                        "GB/s",
+                        True,
+                        figures["aiotier"],
+                        floor=Measure(
+                            "sync open+os.preadv+close, one reused buffer", figures["floor"]
+                        ),
+                        peer=Measure("diskcache.Cache.get", figures["diskcache"]),
+                        extra={
+                            "naive_aiofiles": figures["naive"],
+                            "ratio_to_naive_aiofiles": figures["aiotier"] / figures["naive"],
+                            "loop_lag_p99_ms": lag["p99_ms"],
+                            "loop_lag_max_ms": lag["max_ms"],
+                            "loop_lag_idle_p99_ms": idle["p99_ms"],
+                        },
+                    )
+                )
+        return out
+    finally:
+        cache.close()
+        await tier.aclose()
+        shutil.rmtree(tier_dir, ignore_errors=True)
+        shutil.rmtree(dc_dir, ignore_errors=True)
+
+
+def _tier_paths(tier: SSDTier, keys: list[bytes], block_size: int) -> Iterator[str]:
+    from ..tiers.framing import frame_size
+    from ..tiers.ssd import block_relpath, key_digest
+
+    for k in keys:
+        yield block_relpath(key_digest(k), frame_size(k, block_size))
+
+
+async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> Case:
+    import diskcache
+
+    payload = os.urandom(block_size)
+    total = blocks * block_size
+    tier_dir = os.path.join(root, f"demote-tier-{block_size}")
+    floor_dir = os.path.join(root, f"demote-floor-{block_size}")
+    dc_dir = os.path.join(root, f"demote-diskcache-{block_size}")
+    os.makedirs(floor_dir, exist_ok=True)
+    tier = SSDTier(tier_dir, (rounds + 2) * (total + blocks * 256) + 64 * MiB)
+    cache = diskcache.Cache(dc_dir, size_limit=(rounds + 2) * total * 2)
+    counter = {"aiotier": 0, "floor": 0, "diskcache": 0, "tier": 0}
+
+    def round_items(name: str) -> list[tuple[bytes, bytes]]:
+        counter[name] += 1
+        r = counter[name]
+        keys = [f"{name}-{r}-{i}".encode() for i in range(blocks)]
+        return [(k, k[-8:].rjust(8, b"-") + payload[8:]) for k in keys]
+
+    engine_cm: Any = None
+    via = "tier write_many(64)"
+    try:
+        if _engine_available():
+            from ..engine import TieringEngine
+            from ..tiers.primary import PrimaryTier
+
+            primary = PrimaryTier(BATCH, block_size)
+            engine = TieringEngine(primary, [tier], write_policy="write_back")
+            engine_cm = engine
+            await engine.open()
+            via = "engine put into a 64-block primary (write_back), then flush"
+
+            async def aiotier_round() -> float:
+                items = round_items("aiotier")
+                t0 = time.perf_counter()
+                for k, v in items:
+                    if not await engine.put(k, v):
+                        raise RuntimeError("put failed")
+                await engine.flush(timeout=120.0)
+                return total / (time.perf_counter() - t0) / 1e9
+        else:
+            await tier.open()
+
+            async def aiotier_round() -> float:
+                return await tier_round()
+
+        async def tier_round() -> float:
+            items = round_items("tier")
+            t0 = time.perf_counter()
+            for i in range(0, blocks, BATCH):
+                errors = await tier.write_many(items[i : i + BATCH])
+                if any(errors):
+                    raise RuntimeError(f"write failed: {errors[:3]!r}")
+            return total / (time.perf_counter() - t0) / 1e9
+
+        async def floor_round() -> float:
+            items = round_items("floor")
+            t0 = time.perf_counter()
+            for k, v in items:
+                name = os.path.join(floor_dir, k.decode())
+                tmp = name + ".tmp"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                try:
+                    os.write(fd, v)
+                finally:
+                    os.close(fd)
+                os.rename(tmp, name)
+            return total / (time.perf_counter() - t0) / 1e9
+
+        async def diskcache_round() -> float:
+            items = round_items("diskcache")
+            t0 = time.perf_counter()
+            for k, v in items:
+                cache.set(k, v)
+            return total / (time.perf_counter() - t0) / 1e9
+
+        figures = await _alternate(
+            {
+                "aiotier": aiotier_round,
+                "floor": floor_round,
+                "diskcache": diskcache_round,
+                "tier": tier_round,
+            },
+            rounds,
+        )
+        return Case(
+            "ssd_demote",
+            {
+                "block_size": block_size,
+                "blocks": blocks,
+                "rounds": rounds,
+                "fsync": False,
+                "via": via,
+            },
+            "GB/s",
+            True,
+            figures["aiotier"],
+            floor=Measure("sync write+rename", figures["floor"]),
+            peer=Measure("diskcache.Cache.set", figures["diskcache"]),
+            extra={"tier_write_many": figures["tier"]},
+        )
+    finally:
+        if engine_cm is not None:
+            await engine_cm.aclose(flush=False)
+        else:
+            await tier.aclose()
+        cache.close()
+        for d in (tier_dir, floor_dir, dc_dir):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+async def _open_case(root: str, blocks: int) -> Case:
+    """Restart time: ``SSDTier.open()`` over ``blocks`` files, and the checksum's cost."""
+    path = os.path.join(root, "open")
+    payload = os.urandom(4 * KiB)
+    async with SSDTier(path, 1 << 40) as tier:
+        for i in range(0, blocks, 256):
+            items = [(f"o{j}".encode(), payload) for j in range(i, min(blocks, i + 256))]
+            errors = await tier.write_many(items)
+            if any(errors):
+                raise RuntimeError(f"write failed: {errors[:3]!r}")
+    samples = []
+    for _ in range(3):
+        tier = SSDTier(path, 1 << 40)
+        t0 = time.perf_counter()
+        await tier.open()
+        samples.append(time.perf_counter() - t0)
+        assert tier.usage().blocks == blocks
+        await tier.aclose()
+    shutil.rmtree(path, ignore_errors=True)
+    checksum = {}
+    for size in (256 * KiB, MiB):
+        buf = os.urandom(size)
+        n = max(50, (256 * MiB) // size)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            xxhash.xxh3_64_intdigest(buf)
+        el = time.perf_counter() - t0
+        checksum[f"xxh3_us_per_{size // KiB}KiB"] = el / n * 1e6
+        checksum["xxh3_GBps"] = n * size / el / 1e9
+    return Case(
+        "ssd_open",
+        {"blocks": blocks, "payload": 4 * KiB, "rounds": 3},
+        "s",
+        False,
+        statistics.median(samples),
+        extra={"per_block_us": statistics.median(samples) / blocks * 1e6, **checksum},
+    )
+
+
+async def run(quick: bool, io_threads: int | None = None) -> list[Case]:
+    """Every SSD case; ``quick`` keeps the whole run to about 15 s."""
+    threads = io_threads if io_threads is not None else SSDTier(".", 1).io_threads
+    base = os.environ.get("AIOTIER_BENCH_DIR") or None
+    root = tempfile.mkdtemp(prefix="aiotier-bench-ssd-", dir=base)
+    rounds = 3 if quick else 7
+    plan = [(256 * KiB, 256 if quick else 1024), (MiB, 128 if quick else 512)]
+    try:
+        cases: list[Case] = []
+        for block_size, blocks in plan:
+            cases += await _promote_cases(root, block_size, blocks, rounds, threads)
+        for block_size, blocks in plan:
+            cases.append(await _demote_case(root, block_size, blocks, rounds))
+        cases.append(await _open_case(root, 10_000 if quick else 100_000))
+        return cases
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m aiotier.bench.ssd [--quick] [--json FILE]``: print the cases."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--io-threads", type=int, default=None)
+    args = ap.parse_args(argv)
+    cases = asyncio.run(run(args.quick, args.io_threads))
+    rows = [c.to_json() for c in cases]
+    for r in rows:
+        print(json.dumps(r))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cases": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
