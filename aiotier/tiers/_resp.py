@@ -397,6 +397,9 @@ class RespReaderPool:
             return result
         except _RespError as exc:
             ok = True  # the connection is in a clean state after an error reply
+            if str(exc).startswith(("LOADING", "MASTERDOWN", "BUSY ")):
+                # a server that cannot serve yet, as redis-py sees it: unavailable, not refused
+                raise ConnectionError(f"server busy: {exc}") from None
             raise RespServerError(str(exc)) from None
         finally:
             if ok and len(self._idle) < self._max_idle and not proto.closed.done():
