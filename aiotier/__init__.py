@@ -32,6 +32,8 @@ from .errors import (
 from .tiers.base import SecondaryTier, TierUsage
 from .tiers.memory import MemoryTier
 from .tiers.primary import PrimaryTier
+from .tiers.redis import RedisTier  # redis-py is imported only when a RedisTier is created
+from .tiers.ssd import SSDTier
 
 __all__ = [
     "BlockCorruptedError",
@@ -44,7 +46,9 @@ __all__ = [
     "MemoryTier",
     "PrepareStoreOutput",
     "PrimaryTier",
+    "RedisTier",
     "RequestContext",
+    "SSDTier",
     "SecondaryTier",
     "StoreSpec",
     "TierUnavailableError",

@@ -139,6 +139,7 @@ class TieringEngine:
         io_timeout: float | None = None,
         pin_steps: int = 16,
         step_interval: float | None = None,
+        max_pending_write_bytes: int | None = None,
     ) -> None:
         if not isinstance(primary, PrimaryTier):
             raise TypeError(f"primary must be a PrimaryTier, got {type(primary).__name__}")
@@ -160,8 +161,11 @@ class TieringEngine:
             _positive("io_timeout", io_timeout)
         if step_interval is not None:
             _positive("step_interval", step_interval)
+        if max_pending_write_bytes is None:
+            max_pending_write_bytes = max(primary.arena.nbytes, 64 << 20)
         for field, value in (("max_inflight_promotions", max_inflight_promotions),
-                             ("pin_steps", pin_steps)):  # fmt: skip
+                             ("pin_steps", pin_steps),
+                             ("max_pending_write_bytes", max_pending_write_bytes)):  # fmt: skip
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{field} must be an int >= 1, got {value!r}")
 
@@ -196,7 +200,8 @@ class TieringEngine:
         self._queue_wakeups: list[asyncio.Event] = []
         self._removing: list[Counter[bytes]] = [Counter() for _ in tiers]
         self._queued_bytes = 0
-        self._max_queued_bytes = max(primary.arena.nbytes, 64 * primary.block_size)
+        # bytes copied out for write-back and not yet written: a demotion past this is dropped
+        self._max_queued_bytes = max_pending_write_bytes
 
         self._requests: dict[str, RequestState] = {}
         self._anon = RequestState("<anonymous>")  # loads and stores of calls without a request

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -48,8 +49,8 @@ class Case:
             "unit": self.unit,
             "higher_is_better": self.higher_is_better,
             "aiotier": self.aiotier,
-            "floor": None if self.floor is None else {"name": self.floor.name, "value": self.floor.value},
-            "peer": None if self.peer is None else {"name": self.peer.name, "value": self.peer.value},
+            "floor": _measure(self.floor),
+            "peer": _measure(self.peer),
             "ratio_to_floor": self._ratio(self.floor),
             "ratio_to_peer": self._ratio(self.peer),
         }
@@ -57,6 +58,10 @@ class Case:
             out["skipped"] = self.skipped
         out.update(self.extra)
         return out
+
+
+def _measure(m: Measure | None) -> dict[str, Any] | None:
+    return None if m is None else {"name": m.name, "value": m.value}
 
 
 def median_of(fn: Callable[[], float], rounds: int, warmup: int = 1) -> float:
@@ -95,10 +100,8 @@ class LoopLagTicker:
     async def __aexit__(self, *exc: object) -> None:
         assert self._task is not None
         self._task.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await self._task
-        except asyncio.CancelledError:
-            pass
 
     def summary_ms(self) -> dict[str, float]:
         if not self.lags:

@@ -1,0 +1,173 @@
+"""The ``aiotier`` command: ``demo``, ``bench`` and ``inspect``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+__all__ = ["main"]
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+    from rich.table import Table
+
+    from .config import load_demo_config
+    from .demo import run_demo
+
+    cfg = load_demo_config(args)
+    console = Console()
+    if cfg.metrics_port is not None:
+        console.print(f"serving /metrics on http://127.0.0.1:{cfg.metrics_port}/metrics")
+    with Progress(
+        "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), console=console, transient=True,
+    ) as bar:  # fmt: skip
+        task = bar.add_task("simulating scheduler steps", total=cfg.steps)
+        try:
+            result = asyncio.run(run_demo(cfg, lambda n: bar.update(task, completed=n)))
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted: tiers closed, temporary files removed[/]")
+            return 130
+    s = result.summary
+    table = Table(title=f"aiotier demo: {result.steps} steps, {result.requests_done} requests "
+                        f"finished in {result.seconds:.1f}s")  # fmt: skip
+    for col in ("tier", "lookups", "hit rate", "promoted", "evicted", "read MiB",
+                "written MiB", "errors"):  # fmt: skip
+        table.add_column(col, justify="right", no_wrap=True)
+    for name, t in s["tiers"].items():
+        rate = "-" if t["hit_rate"] is None else f"{t['hit_rate']:.1%}"
+        table.add_row(
+            name, str(t["lookups"]), rate, str(t["promotions"]), str(t["evictions"]),
+            f"{t['read_mib']:.1f}", f"{t['written_mib']:.1f}", str(t["errors"]),
+        )  # fmt: skip
+    console.print(table)
+    delays = Table(title="lookup delays per request (ms, bucket-interpolated)")
+    for col in ("delay", "count", "p50", "p90", "p99"):
+        delays.add_column(col, justify="right", no_wrap=True)
+    for label, d in s["delays_ms"].items():
+        cells = ["-" if d[p] is None else f"{d[p]:.3f}" for p in ("p50", "p90", "p99")]
+        delays.add_row(label, str(d["count"]), *cells)
+    console.print(delays)
+    console.print(
+        f"blocks loaded {result.blocks_loaded}, stored {result.blocks_stored}, "
+        f"{s['blocks_per_second']:.0f} blocks/s, allocation failures {s['allocation_failures']}"
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"steps": result.steps, "seconds": result.seconds, **s}, f, indent=2)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from . import __version__
+    from .bench import core, ssd
+    from .bench import redis as redis_bench
+    from .bench.common import Case
+
+    async def suite() -> list[Case]:
+        wanted = set(args.only.split(",")) if args.only else None
+        cases: list[Case] = []
+        groups: dict[str, Callable[[bool], Awaitable[list[Case]]]] = {
+            "core": core.run, "ssd": ssd.run, "redis": redis_bench.run_local,
+        }  # fmt: skip
+        for name, run in groups.items():
+            if wanted is None or name in wanted:
+                print(f"running {name} benchmarks...", file=sys.stderr)
+                cases += await run(args.quick)
+        return cases
+
+    cases = asyncio.run(suite())
+    doc: dict[str, Any] = {
+        "aiotier_version": __version__,
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "cases": [c.to_json() for c in cases],
+    }
+    for c in doc["cases"]:
+        if c.get("skipped"):
+            print(f"{c['name']:18} skipped: {c['skipped']}")
+            continue
+        rf = c["ratio_to_floor"]
+        rp = c["ratio_to_peer"]
+        print(
+            f"{c['name']:18} {json.dumps(c['params'])[:60]:60} {c['aiotier']:10.3f} {c['unit']:10}"
+            f" floor x{rf if rf is None else round(rf, 2)}"
+            f" peer x{rp if rp is None else round(rp, 2)}"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=2)
+    if args.plot:
+        from .bench.plot import plot
+
+        plot(doc, args.plot)
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from .tiers.ssd import scan_directory
+
+    info = scan_directory(args.path)
+    rows = {
+        "blocks": info.blocks,
+        "bytes": info.bytes,
+        "temporaries": info.temporaries,
+        "torn files": info.torn,
+        "duplicates": info.duplicates,
+        "foreign files": info.foreign,
+        "scan seconds": round(info.seconds, 3),
+    }
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        for k, v in rows.items():
+            print(f"{k:14} {v}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="aiotier", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="simulate an inference scheduler over the default tiers")
+    demo.add_argument("--steps", type=int)
+    demo.add_argument("--requests", type=int)
+    demo.add_argument("--primary-mib", type=int)
+    demo.add_argument("--ssd-dir")
+    demo.add_argument("--redis", dest="redis_url", metavar="URL")
+    demo.add_argument("--metrics-port", type=int)
+    demo.add_argument("--json", metavar="FILE")
+    demo.add_argument("--config", metavar="FILE", help="a TOML file with a [demo] table")
+    demo.set_defaults(fn=_demo)
+
+    bench = sub.add_parser("bench", help="run the benchmark suite")
+    bench.add_argument("--quick", action="store_true", help="a small version, under a minute")
+    bench.add_argument("--json", metavar="FILE")
+    bench.add_argument("--plot", metavar="FILE.png")
+    bench.add_argument("--only", help="comma-separated groups: core,ssd,redis")
+    bench.set_defaults(fn=_bench)
+
+    inspect = sub.add_parser("inspect", help="summarise an SSD tier directory (read-only)")
+    inspect.add_argument("path")
+    inspect.add_argument("--json", action="store_true")
+    inspect.set_defaults(fn=_inspect)
+
+    args = ap.parse_args(argv)
+    from .errors import TieringError
+
+    try:
+        return int(args.fn(args))
+    except (TieringError, OSError) as exc:
+        print(f"aiotier {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""Build an engine from a mapping, a TOML file or ``AIOTIER_*`` environment variables.
+
+The shape (TOML shown; a dict of the same shape works)::
+
+    [engine]
+    write_policy = "write_back"
+    promotion_timeout = 5.0
+
+    [primary]
+    num_blocks = 512
+    block_size = 65536
+    policy = "lru"
+
+    [[tiers]]
+    type = "memory"
+    capacity_bytes = 1073741824
+
+    [[tiers]]
+    type = "ssd"
+    path = "/var/cache/aiotier"
+    capacity_bytes = 107374182400
+
+    [[tiers]]
+    type = "redis"
+    url = "redis://cache:6379/0"
+    namespace = "model-a"
+
+Every error names the field that was wrong, e.g. ``tiers[1].capacity_bytes``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from collections.abc import Mapping
+from typing import Any
+
+from .engine import TieringEngine
+from .errors import ConfigError
+from .tiers.base import SecondaryTier
+from .tiers.primary import PrimaryTier
+
+__all__ = ["engine_from_config", "engine_from_env", "load_config"]
+
+_ENGINE_FIELDS = {
+    "write_policy": str, "promotion_timeout": float, "max_inflight_promotions": int,
+    "backoff_seconds": float, "io_timeout": float, "pin_steps": int, "step_interval": float,
+}  # fmt: skip
+_PRIMARY_FIELDS = {"num_blocks": int, "block_size": int, "policy": str}
+_TIER_FIELDS: dict[str, dict[str, type]] = {
+    "memory": {"capacity_bytes": int, "name": str},
+    "ssd": {"path": str, "capacity_bytes": int, "fsync": bool, "name": str, "io_threads": int},
+    "redis": {"url": str, "namespace": str, "ttl": float, "cluster": bool, "name": str,
+              "protocol": int, "timeout": float},
+}  # fmt: skip
+
+
+def _typed(where: str, value: Any, kind: type) -> Any:
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is bool and isinstance(value, str):
+        low = value.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+    if kind in (int, float) and isinstance(value, str):
+        try:
+            return kind(value)
+        except ValueError:
+            raise ConfigError(f"{where}: expected {kind.__name__}, got {value!r}") from None
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{where}: expected {kind.__name__}, got {value!r}")
+    return value
+
+
+def _fields(where: str, table: Mapping[str, Any], allowed: Mapping[str, type]) -> dict[str, Any]:
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{where}: expected a table, got {type(table).__name__}")
+    out = {}
+    for key, value in table.items():
+        if key not in allowed:
+            raise ConfigError(f"{where}.{key}: unknown field; expected one of {sorted(allowed)}")
+        out[key] = _typed(f"{where}.{key}", value, allowed[key])
+    return out
+
+
+def _tier(where: str, spec: Mapping[str, Any]) -> SecondaryTier:
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"{where}: expected a table, got {type(spec).__name__}")
+    kind = spec.get("type")
+    if kind not in _TIER_FIELDS:
+        raise ConfigError(f"{where}.type: expected one of {sorted(_TIER_FIELDS)}, got {kind!r}")
+    args = _fields(where, {k: v for k, v in spec.items() if k != "type"}, _TIER_FIELDS[kind])
+    try:
+        if kind == "memory":
+            from .tiers.memory import MemoryTier
+
+            return MemoryTier(**args)
+        if kind == "ssd":
+            from .tiers.ssd import SSDTier
+
+            return SSDTier(**args)
+        from .tiers.redis import RedisTier
+
+        return RedisTier(**args)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+
+
+def engine_from_config(config: Mapping[str, Any], **overrides: Any) -> TieringEngine:
+    """An engine (not yet open) from a mapping shaped like the module docstring."""
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"config: expected a mapping, got {type(config).__name__}")
+    unknown = set(config) - {"engine", "primary", "tiers", "demo"}
+    if unknown:
+        raise ConfigError(f"{sorted(unknown)[0]}: unknown section")
+    primary_args = _fields("primary", config.get("primary", {}), _PRIMARY_FIELDS)
+    for required in ("num_blocks", "block_size"):
+        if required not in primary_args:
+            raise ConfigError(f"primary.{required}: required")
+    tiers_spec = config.get("tiers", [])
+    if not isinstance(tiers_spec, list):
+        raise ConfigError("tiers: expected an array of tables")
+    engine_args = _fields("engine", config.get("engine", {}), _ENGINE_FIELDS)
+    engine_args.update(overrides)
+    primary = PrimaryTier(**primary_args)
+    tiers = [_tier(f"tiers[{i}]", spec) for i, spec in enumerate(tiers_spec)]
+    return TieringEngine(primary, tiers, **engine_args)
+
+
+def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a TOML file (synchronously: call it at start-up, not on the event loop)."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{os.fspath(path)}: {exc}") from exc
+
+
+def config_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The mapping described by ``AIOTIER_*`` variables.
+
+    ``AIOTIER_PRIMARY_NUM_BLOCKS``, ``AIOTIER_PRIMARY_BLOCK_SIZE``, ``AIOTIER_PRIMARY_POLICY``,
+    ``AIOTIER_ENGINE_<FIELD>`` and ``AIOTIER_TIERS_<N>_<FIELD>`` (``AIOTIER_TIERS_0_TYPE=ssd``).
+    """
+    env = os.environ if environ is None else environ
+    config: dict[str, Any] = {}
+    tiers: dict[int, dict[str, Any]] = {}
+    for name, value in env.items():
+        if not name.startswith("AIOTIER_"):
+            continue
+        parts = name[len("AIOTIER_"):].lower().split("_", 1)
+        if len(parts) != 2:
+            raise ConfigError(f"{name}: expected AIOTIER_<SECTION>_<FIELD>")
+        section, rest = parts
+        if section in ("engine", "primary", "demo"):
+            config.setdefault(section, {})[rest] = value
+        elif section == "tiers":
+            index, _, field = rest.partition("_")
+            if not index.isdigit() or not field:
+                raise ConfigError(f"{name}: expected AIOTIER_TIERS_<N>_<FIELD>")
+            tiers.setdefault(int(index), {})[field] = value
+        else:
+            raise ConfigError(f"{name}: unknown section {section!r}")
+    if tiers:
+        config["tiers"] = [tiers[i] for i in sorted(tiers)]
+    return config
+
+
+def engine_from_env(environ: Mapping[str, str] | None = None, **overrides: Any) -> TieringEngine:
+    return engine_from_config(config_from_env(environ), **overrides)
+
+
+def load_demo_config(args: argparse.Namespace) -> Any:
+    """The demo's settings: defaults, then ``[demo]`` of ``--config``, then the flags."""
+    from dataclasses import fields
+
+    from .demo import DemoConfig
+
+    cfg = DemoConfig()
+    known = {f.name: f.type for f in fields(DemoConfig)}
+    if getattr(args, "config", None):
+        table = load_config(args.config).get("demo", {})
+        for key, value in table.items():
+            if key not in known:
+                raise ConfigError(f"demo.{key}: unknown field; expected one of {sorted(known)}")
+            setattr(cfg, key, value)
+    for key in ("steps", "requests", "primary_mib", "ssd_dir", "redis_url", "metrics_port"):
+        value = getattr(args, key, None)
+        if value is not None:
+            setattr(cfg, key, value)
+    for key in ("steps", "requests", "primary_mib"):
+        if getattr(cfg, key) <= 0:
+            raise ConfigError(f"demo.{key}: must be > 0, got {getattr(cfg, key)}")
+    return cfg

@@ -1,0 +1,70 @@
+"""The command line and the examples, run as a user runs them (subprocesses, real files)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "120"}
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        env=env, check=False,
+    )  # fmt: skip
+
+
+def test_quickstart_runs_as_written() -> None:
+    out = run("examples/quickstart.py")
+    assert out.returncode == 0, out.stderr
+    assert "after the promotion: HIT" in out.stdout
+
+
+def test_demo_prints_a_summary_and_writes_json(tmp_path: Path) -> None:
+    report = tmp_path / "demo.json"
+    out = run("-m", "aiotier", "demo", "--steps", "30", "--requests", "120",
+              "--ssd-dir", str(tmp_path / "ssd"), "--json", str(report))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "hit rate" in out.stdout and "primary" in out.stdout
+    data = json.loads(report.read_text())
+    assert set(data["tiers"]) == {"primary", "memory", "ssd"}
+    assert data["tiers"]["primary"]["lookups"] > 0
+    # the SSD directory given on the command line is kept, and inspect reads it
+    inspect = run("-m", "aiotier", "inspect", str(tmp_path / "ssd"), "--json")
+    assert inspect.returncode == 0, inspect.stderr
+    assert json.loads(inspect.stdout)["torn files"] == 0
+
+
+def test_demo_rejects_bad_options() -> None:
+    out = run("-m", "aiotier", "demo", "--steps", "0")
+    assert out.returncode != 0
+    assert "demo.steps" in out.stderr
+
+
+def test_bench_quick_writes_every_case(tmp_path: Path) -> None:
+    report = tmp_path / "bench.json"
+    out = run("-m", "aiotier", "bench", "--quick", "--json", str(report), timeout=600)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(report.read_text())
+    assert doc["machine"]["cpus"] >= 1
+    names = {c["name"] for c in doc["cases"]}
+    assert {"lookup_hit", "lookup_prefix", "scale", "memory", "metrics_overhead",
+            "ssd_promote", "ssd_demote", "redis_promote"} <= names  # fmt: skip
+    for c in doc["cases"]:
+        assert c["unit"] and isinstance(c["higher_is_better"], bool)
+        if not c.get("skipped"):
+            assert c["aiotier"] > 0
+
+
+@pytest.mark.parametrize("argv", [["inspect", "/nonexistent/aiotier"], ["nope"]])
+def test_cli_errors_are_clear(argv: list[str]) -> None:
+    out = run("-m", "aiotier", *argv)
+    assert out.returncode != 0
+    assert "Traceback" not in out.stderr
