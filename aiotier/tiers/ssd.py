@@ -571,6 +571,12 @@ class SSDTier(SecondaryTier):
         self._busy: dict[bytes, asyncio.Future[None]] = {}
         self._evicted: deque[tuple[bytes, bytes]] = deque()
         self._evicted_bytes = 0
+        # A block evicted for the tier below stays findable until the engine has taken it:
+        # first as its file (``_leaving``: digest -> size, while a hop reads then unlinks it),
+        # then as bytes in memory (``_handed``: digest -> payload, until take_evicted()).
+        self._leaving: dict[bytes, int] = {}
+        self._handed: dict[bytes, bytes] = {}
+        self._leaving_readers: dict[bytes, list[_ReadOp]] = {}
         self._last_stamp = 0
         self._tmp_seq = 0
         self._writes = 0
@@ -788,22 +794,42 @@ class SSDTier(SecondaryTier):
 
     # -- reads ---------------------------------------------------------------------------------
 
+    def _has(self, digest: bytes) -> bool:
+        return digest in self._budget or digest in self._leaving or digest in self._handed
+
     async def lookup(self, key: bytes) -> LookupResult:
         self._check_open()
-        return LookupResult.HIT if key_digest(_as_key(key)) in self._budget else LookupResult.MISS
+        return LookupResult.HIT if self._has(key_digest(_as_key(key))) else LookupResult.MISS
 
     async def lookup_many(self, keys: Sequence[bytes]) -> list[LookupResult]:
         self._check_open()
-        budget = self._budget
+        has = self._has
         hit, miss = LookupResult.HIT, LookupResult.MISS
-        return [hit if key_digest(_as_key(k)) in budget else miss for k in keys]
+        return [hit if has(key_digest(_as_key(k))) else miss for k in keys]
+
+    def _copy_handed(self, key: bytes, buf: memoryview) -> int | None:
+        """Serve a block evicted a moment ago from memory (rare: the engine has not taken it)."""
+        data = self._handed.get(key_digest(key))
+        if data is None:
+            return None
+        if len(data) > buf.nbytes:
+            raise ValueError(
+                f"ssd tier {self.name!r}: block {key[:64]!r} is {len(data)} bytes, buffer "
+                f"holds {buf.nbytes}"
+            )
+        _byte_view(buf)[: len(data)] = data
+        return len(data)
 
     def _read_op(self, key: bytes, buf: memoryview) -> _ReadOp | None:
         key = _as_key(key)
         digest = key_digest(key)
         size = self._budget.size_of(digest)
         if size is None:
-            return None
+            size = self._leaving.get(digest)
+            if size is None:
+                return None
+        else:
+            self._budget.touch(digest)
         payload_len = size - HEADER.size - len(key)
         if payload_len < 0:  # the file cannot hold this key: not a block of this key
             self._budget.discard(digest)
@@ -816,14 +842,14 @@ class SSDTier(SecondaryTier):
                 f"ssd tier {self.name!r}: block {key[:64]!r} is {payload_len} bytes, buffer "
                 f"holds {buf.nbytes}"
             )
-        self._budget.touch(digest)
         return _ReadOp(self, key, digest, size, payload_len, _byte_view(buf)[:payload_len])
 
     async def read_into(self, key: bytes, buf: memoryview) -> int:
         self._check_open()
         op = self._read_op(key, buf)
         if op is None:
-            return -1
+            n = self._copy_handed(_as_key(key), buf) if self._handed else None
+            return -1 if n is None else n
         result: int = await self._submit(op, withdrawable=True)
         return result
 
@@ -840,6 +866,10 @@ class SSDTier(SecondaryTier):
         for i, (k, b) in enumerate(zip(keys, bufs, strict=True)):
             try:
                 op = self._read_op(k, b)
+                if op is None and self._handed:
+                    n = self._copy_handed(_as_key(k), b)
+                    if n is not None:
+                        out[i] = n
             except Exception as exc:
                 out[i] = exc
                 continue
@@ -853,6 +883,13 @@ class SSDTier(SecondaryTier):
         return out
 
     def _read_finished(self, op: _ReadOp, outcome: Any) -> None:
+        if outcome == -1 and op.digest in self._leaving:
+            # Evicted, and its file already read for the tier below: the bytes arrive in
+            # memory when that write's hop ends (_write_finished settles this read then).
+            self._leaving_readers.setdefault(op.digest, []).append(op)
+            return
+        if outcome == -1 and op.digest in self._handed:  # evicted while we read: from memory
+            outcome = self._fill_from_handed(op)
         if outcome == -1 or isinstance(outcome, BlockCorruptedError):
             # The file is gone or was dropped: forget it, unless a write started meanwhile
             # (it may have put a new file under the same name; a later read will tell).
@@ -909,16 +946,34 @@ class SSDTier(SecondaryTier):
         old = self._budget.size_of(digest)
         victims = self._admit(digest, size)
         self._writes += 1
+        if self._leaving or self._handed:  # a newer write supersedes evicted bytes in transit
+            self._supersede(key, digest)
         # A victim another op is writing is cleaned up by that op when it finishes.
-        unlink = [self._path(d, s) for d, s in victims if d not in self._busy]
+        victims = [(d, s) for d, s in victims if d not in self._busy]
+        unlink = [self._path(d, s) for d, s in victims]
+        leaving: list[bytes] = []
+        if self.handover_evicted:
+            for d, s in victims:
+                self._leaving[d] = s
+                leaving.append(d)
         self._tmp_seq += 1
         final = self._path(digest, size)
         tmp = f"{final.rpartition('/')[0]}/{TMP_PREFIX}{digest.hex()}-{self._tmp_seq:x}"
         old_path = None if old is None or old == size else self._path(digest, old)
-        return _WriteOp(
+        op = _WriteOp(
             self, key, digest, size, view, final, tmp, old_path, unlink, self.handover_evicted,
             self._next_stamp(),
         )
+        op.leaving = leaving
+        return op
+
+    def _supersede(self, key: bytes, digest: bytes) -> None:
+        """Forget evicted bytes of ``key`` still waiting for the tier below."""
+        self._leaving.pop(digest, None)
+        if self._handed.pop(digest, None) is not None:
+            kept = [(k, d) for k, d in self._evicted if k != key]
+            self._evicted = deque(kept)
+            self._evicted_bytes = sum(len(d) for _k, d in kept)
 
     def _check_write(self, key: bytes, data: bytes | memoryview) -> bytes:
         key = _as_key(key)
@@ -979,7 +1034,23 @@ class SSDTier(SecondaryTier):
             out[i] = _as_exception(r) if isinstance(r, BaseException) else None
         return out
 
+    def _fill_from_handed(self, op: _ReadOp) -> int:
+        data = self._handed.get(op.digest)
+        if data is None or len(data) != op.payload_len:
+            return -1
+        op.buf[:] = data
+        return op.payload_len
+
     def _write_finished(self, op: _WriteOp, outcome: Any) -> None:
+        if not isinstance(outcome, BaseException):
+            evicted, failure = outcome
+            self._hand_over(op, evicted)
+            if failure is not None:
+                outcome = failure
+        for d in op.leaving:
+            self._leaving.pop(d, None)
+            for reader in self._leaving_readers.pop(d, ()):
+                reader.settle(self._fill_from_handed(reader))
         if isinstance(outcome, BaseException):
             # A failed write leaves no file for the key (the older version was dropped too:
             # no tier may return older bytes after a newer write was accepted).
@@ -995,8 +1066,6 @@ class SSDTier(SecondaryTier):
                 outcome = err
             op.settle(outcome)
             return
-        evicted: list[tuple[bytes, bytes]] = outcome
-        self._hand_over(evicted)
         if not op.skip and self._budget.size_of(op.digest) != op.size:
             # Evicted by another write while ours was on a thread: remove what we just wrote,
             # and report the write done only then (disk and index agree when a write returns).
@@ -1005,20 +1074,28 @@ class SSDTier(SecondaryTier):
         self._release(op.digest)
         op.settle(None)
 
-    def _hand_over(self, evicted: list[tuple[bytes, bytes]]) -> None:
+    def _hand_over(self, op: _WriteOp, evicted: list[tuple[bytes, bytes]]) -> None:
         if not evicted or not self.handover_evicted:
             return
-        for item in evicted:
-            self._evicted.append(item)
-            self._evicted_bytes += len(item[1])
+        for key, data in evicted:
+            digest = key_digest(key)
+            if digest in self._leaving or (op.skip and digest == op.digest):
+                # still ours to hand over: neither removed nor written again meanwhile
+                self._evicted.append((key, data))
+                self._evicted_bytes += len(data)
+                self._handed[digest] = data
         while self._evicted_bytes > _HANDOVER_MAX_BYTES and self._evicted:
-            _k, data = self._evicted.popleft()
+            key, data = self._evicted.popleft()
             self._evicted_bytes -= len(data)
+            digest = key_digest(key)
+            if self._handed.get(digest) is data:
+                del self._handed[digest]
 
     def take_evicted(self) -> list[tuple[bytes, bytes]]:
         out = list(self._evicted)
         self._evicted.clear()
         self._evicted_bytes = 0
+        self._handed.clear()
         return out
 
     async def remove(self, key: bytes) -> bool:
@@ -1026,16 +1103,19 @@ class SSDTier(SecondaryTier):
         key = _as_key(key)
         digest = key_digest(key)
         await self._acquire((digest,))
+        in_transit = digest in self._leaving or digest in self._handed
+        if in_transit:
+            self._supersede(key, digest)
         size = self._budget.discard(digest)
         if size is None:
             self._release(digest)
-            return False
+            return in_transit
         await self._submit(_UnlinkOp(self, self._path(digest, size), digest), withdrawable=False)
         return True
 
     def contains_hint(self, key: bytes) -> bool | None:
         """Exact: the index in memory is the truth about what is on disk."""
-        return key_digest(_as_key(key)) in self._budget
+        return self._has(key_digest(_as_key(key)))
 
     def usage(self) -> TierUsage:
         return TierUsage(len(self._budget), self._budget.used, self._budget.capacity)
@@ -1080,8 +1160,8 @@ class _ReadOp(_Op):
 
 class _WriteOp(_Op):
     __slots__ = (
-        "data", "digest", "final", "handover", "key", "old_path", "size", "skip", "stamp", "tier",
-        "tmp", "unlink",
+        "data", "digest", "final", "handover", "key", "leaving", "old_path", "size", "skip",
+        "stamp", "tier", "tmp", "unlink",
     )
 
     def __init__(
@@ -1112,8 +1192,11 @@ class _WriteOp(_Op):
         self.stamp = stamp
         #: Evicted by a later block of its own batch before it was written: only clean up.
         self.skip = False
+        #: Victims being handed over to the tier below (digests in the tier's ``_leaving``).
+        self.leaving: list[bytes] = []
 
-    def run(self) -> list[tuple[bytes, bytes]]:
+    def run(self) -> tuple[list[tuple[bytes, bytes]], BaseException | None]:
+        """Make room, then write; the victims' bytes are returned even when the write fails."""
         evicted: list[tuple[bytes, bytes]] = []
         for victim in self.unlink:  # make room first
             if self.handover:
@@ -1127,19 +1210,19 @@ class _WriteOp(_Op):
                     _unlink_quiet(p)
             if self.handover:
                 evicted.append((self.key, bytes(self.data)))
-            return evicted
+            return evicted, None
         try:
             self._write()
-        except BaseException:
+        except Exception as exc:
             # No older bytes may survive a newer write that was accepted and then failed.
             for p in (self.final, self.old_path):
                 if p is not None:
                     with contextlib.suppress(OSError):
                         _unlink_quiet(p)
-            raise
+            return evicted, exc
         if self.old_path is not None:
             _unlink_quiet(self.old_path)
-        return evicted
+        return evicted, None
 
     def _write(self) -> None:
         header = encode_header(self.key, self.data)

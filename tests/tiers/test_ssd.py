@@ -549,6 +549,28 @@ async def test_evicted_blocks_are_handed_over_with_their_bytes(root: Path) -> No
         assert t.take_evicted() == []
 
 
+async def test_evicted_block_stays_readable_until_the_tier_below_took_it(root: Path) -> None:
+    size = HEADER.size + 2 + 1000
+    async with SSDTier(root, 2 * size) as t:
+        t.handover_evicted = True
+        await t.write(b"k0", b"0" * 1000)
+        await t.write(b"k1", b"1" * 1000)
+        # k0's eviction races with reads of it: they get its bytes, never a miss
+        results = await asyncio.gather(
+            t.write(b"k2", b"2" * 1000), *(read(t, b"k0") for _ in range(5))
+        )
+        assert results[1:] == [b"0" * 1000] * 5
+        assert await t.lookup(b"k0") is LookupResult.HIT  # in memory, on its way down
+        assert await read(t, b"k0") == b"0" * 1000
+        assert t.take_evicted() == [(b"k0", b"0" * 1000)]
+        assert await t.lookup(b"k0") is LookupResult.MISS
+        # a newer write of a block in transit supersedes the evicted bytes
+        await t.write(b"k3", b"3" * 1000)  # evicts k1
+        await t.write(b"k1", b"n" * 1000)  # evicts k2; k1's old bytes are no longer handed
+        assert [k for k, _ in t.take_evicted()] == [b"k2"]
+        assert await read(t, b"k1") == b"n" * 1000
+
+
 async def test_batch_larger_than_the_budget_keeps_the_last_blocks(root: Path) -> None:
     size = HEADER.size + 3 + 1000
     async with SSDTier(root, 4 * size) as t:

@@ -1,0 +1,183 @@
+"""SSDTier under the engine: promotion, write-back demotion, restart, corruption, faults."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aiotier import LookupResult, PrimaryTier, TieringEngine, TieringError
+from aiotier.tiers import MemoryTier, SSDTier
+from aiotier.tiers.framing import HEADER
+from aiotier.tiers.ssd import block_relpath, key_digest
+
+BS = 64 * 1024
+
+
+def file_of(root: Path, key: bytes, payload_len: int) -> Path:
+    return root / block_relpath(key_digest(key), HEADER.size + len(key) + payload_len)
+
+
+def block_files(root: Path) -> list[Path]:
+    return sorted(root.glob("??/*.blk"))
+
+
+def blob(i: int, n: int = BS) -> bytes:
+    return (i.to_bytes(4, "little") * (n // 4 + 1))[:n]
+
+
+async def seed(root: Path, blocks: dict[bytes, bytes]) -> None:
+    async with SSDTier(root, 64 << 20) as t:
+        assert await t.write_many(list(blocks.items())) == [None] * len(blocks)
+
+
+async def test_promotion_from_ssd_lookup_retry_wait_hit_with_the_right_bytes(
+    tmp_path: Path,
+) -> None:
+    blocks = {f"k{i}".encode(): blob(i, BS - i) for i in range(8)}
+    await seed(tmp_path / "ssd", blocks)
+    engine = TieringEngine(PrimaryTier(16, BS), [SSDTier(tmp_path / "ssd", 64 << 20)])
+    async with engine:
+        keys = list(blocks)
+        assert await engine.lookup(keys[0]) is LookupResult.RETRY
+        assert await engine.lookup_prefix(keys) is None  # the rest start promoting too
+        assert await engine.wait(keys, timeout=10) == [LookupResult.HIT] * len(keys)
+        spec = engine.prepare_load(keys)
+        for k, buf in zip(keys, spec.buffers, strict=True):
+            assert bytes(buf) == blocks[k]
+        engine.complete_load(keys)
+        assert await engine.lookup(b"absent") is LookupResult.MISS
+        counters = engine.stats().counters
+        assert counters.get(("promotions", "ssd", "ok"), 0) == len(keys)
+
+
+async def test_get_promotes_from_ssd(tmp_path: Path) -> None:
+    await seed(tmp_path / "ssd", {b"k": b"value" * 100})
+    async with TieringEngine(PrimaryTier(4, BS), [SSDTier(tmp_path / "ssd", 1 << 20)]) as engine:
+        assert await engine.get(b"k") == b"value" * 100
+        assert await engine.get(b"other") is None
+
+
+async def test_write_back_demotion_lands_on_disk(tmp_path: Path) -> None:
+    root = tmp_path / "ssd"
+    ssd = SSDTier(root, 64 << 20)
+    async with TieringEngine(PrimaryTier(4, BS), [ssd], write_policy="write_back") as engine:
+        for i in range(12):
+            assert await engine.put(f"k{i}".encode(), blob(i))
+        await engine.flush(timeout=10)
+        # the 8 evicted from the 4-block primary were written down, bytes intact
+        for i in range(8):
+            k = f"k{i}".encode()
+            assert ssd.contains_hint(k)
+            raw = file_of(root, k, BS).read_bytes()
+            assert raw[-BS:] == blob(i)
+        assert await engine.get(b"k0") == blob(0)  # and promote back
+
+
+async def test_engine_restart_keeps_the_hot_set(tmp_path: Path) -> None:
+    root = tmp_path / "ssd"
+    async with TieringEngine(PrimaryTier(8, BS), [SSDTier(root, 64 << 20)]) as engine:
+        for i in range(20):
+            assert await engine.put(f"k{i}".encode(), blob(i, 1000 + i))
+    # aclose wrote the primary-only blocks down: every block is on disk after the restart
+    async with TieringEngine(PrimaryTier(8, BS), [SSDTier(root, 64 << 20)]) as engine2:
+        for i in range(20):
+            assert await engine2.get(f"k{i}".encode()) == blob(i, 1000 + i)
+
+
+async def test_second_engine_on_the_same_path_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "ssd"
+    async with TieringEngine(PrimaryTier(4, BS), [SSDTier(root, 1 << 20)]) as engine:
+        await engine.put(b"k", b"v")
+        other = TieringEngine(PrimaryTier(4, BS), [SSDTier(root, 1 << 20)])
+        with pytest.raises(TieringError, match="locked"):
+            await other.open()
+        assert await engine.get(b"k") == b"v"
+
+
+def _damage(path: Path, how: str) -> None:
+    raw = bytearray(path.read_bytes())
+    if how == "payload":
+        raw[-1] ^= 0xFF
+        path.write_bytes(bytes(raw))
+    elif how == "truncate":
+        path.write_bytes(bytes(raw[: len(raw) // 2]))
+    else:
+        path.write_bytes(os.urandom(len(raw)))
+
+
+@pytest.mark.parametrize("how", ["payload", "truncate", "garbage"])
+async def test_corrupted_file_is_a_miss_and_the_engine_keeps_working(
+    tmp_path: Path, how: str
+) -> None:
+    root = tmp_path / "ssd"
+    blocks = {b"bad": blob(1), b"good": blob(2)}
+    await seed(root, blocks)
+    path = file_of(root, b"bad", BS)
+    async with TieringEngine(PrimaryTier(4, BS), [SSDTier(root, 64 << 20)]) as engine:
+        _damage(path, how)  # behind the tier's back, after its index was built
+        assert await engine.lookup(b"bad") is LookupResult.RETRY
+        assert await engine.wait([b"bad"], timeout=10) == [LookupResult.MISS]
+        assert await engine.lookup(b"bad") is LookupResult.MISS
+        assert await engine.get(b"bad") is None  # never wrong bytes
+        assert not path.exists()
+        assert await engine.get(b"good") == blob(2)
+        assert engine.stats().counters.get(("tier_errors", "ssd", "read"), 0) >= 1
+
+
+async def test_torn_file_found_at_open_is_removed_and_a_plain_miss(tmp_path: Path) -> None:
+    root = tmp_path / "ssd"
+    await seed(root, {b"torn": blob(1), b"good": blob(2)})
+    path = file_of(root, b"torn", BS)
+    _damage(path, "truncate")
+    async with TieringEngine(PrimaryTier(4, BS), [SSDTier(root, 64 << 20)]) as engine:
+        assert not path.exists()
+        assert await engine.lookup(b"torn") is LookupResult.MISS
+        assert await engine.get(b"good") == blob(2)
+
+
+async def test_enospc_during_write_back_is_counted_and_the_engine_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "ssd"
+    real = os.writev
+    full = {"on": True}
+
+    def writev(fd: int, bufs: Any) -> int:
+        if full["on"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, bufs)
+
+    monkeypatch.setattr(os, "writev", writev)
+    ssd = SSDTier(root, 64 << 20)
+    async with TieringEngine(PrimaryTier(2, BS), [ssd]) as engine:
+        for i in range(6):
+            assert await engine.put(f"k{i}".encode(), blob(i))
+        await engine.flush(timeout=10)
+        assert engine.stats().counters.get(("tier_errors", "ssd", "write"), 0) >= 4
+        assert not list(root.rglob(".tmp-*"))
+        full["on"] = False
+        for i in range(6, 12):
+            assert await engine.put(f"k{i}".encode(), blob(i))
+        await engine.flush(timeout=10)
+        assert ssd.contains_hint(b"k6")
+        assert await engine.get(b"k6") == blob(6)
+
+
+async def test_ssd_evictions_cascade_to_the_tier_below(tmp_path: Path) -> None:
+    root = tmp_path / "ssd"
+    size = HEADER.size + 2 + BS
+    ssd = SSDTier(root, 3 * size)
+    below = MemoryTier(64 << 20, name="below")
+    async with TieringEngine(PrimaryTier(2, BS), [ssd, below]) as engine:
+        for i in range(9):
+            assert await engine.put(f"k{i}".encode(), blob(i))
+        await engine.flush(timeout=10)
+        await engine.flush(timeout=10)  # the cascade is queued by the first flush's writes
+        assert ssd.evictions > 0
+        assert ssd.usage().bytes_used <= 3 * size
+        for i in range(9):
+            assert await engine.get(f"k{i}".encode()) == blob(i)
