@@ -577,6 +577,9 @@ class SSDTier(SecondaryTier):
         self._leaving: dict[bytes, int] = {}
         self._handed: dict[bytes, bytes] = {}
         self._leaving_readers: dict[bytes, list[_ReadOp]] = {}
+        # Bytes the engine took at the last take_evicted(), kept (not advertised) until the next
+        # one for reads already on their way: a lookup answered HIT just before the hand-over.
+        self._handed_taken: dict[bytes, bytes] = {}
         self._last_stamp = 0
         self._tmp_seq = 0
         self._writes = 0
@@ -657,6 +660,7 @@ class SSDTier(SecondaryTier):
         finally:
             executor.shutdown(wait=False)
             self._busy.clear()
+            self._handed_taken.clear()
 
     def _check_open(self) -> None:
         if not self._open or self._closing:
@@ -809,7 +813,10 @@ class SSDTier(SecondaryTier):
 
     def _copy_handed(self, key: bytes, buf: memoryview) -> int | None:
         """Serve a block evicted a moment ago from memory (rare: the engine has not taken it)."""
-        data = self._handed.get(key_digest(key))
+        digest = key_digest(key)
+        data = self._handed.get(digest)
+        if data is None:
+            data = self._handed_taken.get(digest)
         if data is None:
             return None
         if len(data) > buf.nbytes:
@@ -848,7 +855,9 @@ class SSDTier(SecondaryTier):
         self._check_open()
         op = self._read_op(key, buf)
         if op is None:
-            n = self._copy_handed(_as_key(key), buf) if self._handed else None
+            n = None
+            if self._handed or self._handed_taken:
+                n = self._copy_handed(_as_key(key), buf)
             return -1 if n is None else n
         result: int = await self._submit(op, withdrawable=True)
         return result
@@ -866,7 +875,7 @@ class SSDTier(SecondaryTier):
         for i, (k, b) in enumerate(zip(keys, bufs, strict=True)):
             try:
                 op = self._read_op(k, b)
-                if op is None and self._handed:
+                if op is None and (self._handed or self._handed_taken):
                     n = self._copy_handed(_as_key(k), b)
                     if n is not None:
                         out[i] = n
@@ -888,8 +897,8 @@ class SSDTier(SecondaryTier):
             # memory when that write's hop ends (_write_finished settles this read then).
             self._leaving_readers.setdefault(op.digest, []).append(op)
             return
-        if outcome == -1 and op.digest in self._handed:  # evicted while we read: from memory
-            outcome = self._fill_from_handed(op)
+        if outcome == -1 and (op.digest in self._handed or op.digest in self._handed_taken):
+            outcome = self._fill_from_handed(op)  # evicted while we read: from memory
         if outcome == -1 or isinstance(outcome, BlockCorruptedError):
             # The file is gone or was dropped: forget it, unless a write started meanwhile
             # (it may have put a new file under the same name; a later read will tell).
@@ -970,6 +979,7 @@ class SSDTier(SecondaryTier):
     def _supersede(self, key: bytes, digest: bytes) -> None:
         """Forget evicted bytes of ``key`` still waiting for the tier below."""
         self._leaving.pop(digest, None)
+        self._handed_taken.pop(digest, None)
         if self._handed.pop(digest, None) is not None:
             kept = [(k, d) for k, d in self._evicted if k != key]
             self._evicted = deque(kept)
@@ -1036,6 +1046,8 @@ class SSDTier(SecondaryTier):
 
     def _fill_from_handed(self, op: _ReadOp) -> int:
         data = self._handed.get(op.digest)
+        if data is None:
+            data = self._handed_taken.get(op.digest)
         if data is None or len(data) != op.payload_len:
             return -1
         op.buf[:] = data
@@ -1095,7 +1107,7 @@ class SSDTier(SecondaryTier):
         out = list(self._evicted)
         self._evicted.clear()
         self._evicted_bytes = 0
-        self._handed.clear()
+        self._handed_taken, self._handed = self._handed, {}
         return out
 
     async def remove(self, key: bytes) -> bool:
