@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import http.server
 import socket
-import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -84,32 +80,6 @@ async def test_prometheus_scrape_shows_the_spec_names() -> None:
         )
 
 
-class _Sink(http.server.BaseHTTPRequestHandler):
-    received: list[bytes]
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        self.received.append(body)
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def otlp_sink() -> Iterator[tuple[str, list[bytes]]]:
-    received: list[bytes] = []
-    handler = type("Sink", (_Sink,), {"received": received})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1/metrics", received
-    server.shutdown()
-    server.server_close()
-
-
 async def test_otlp_export_reaches_a_local_sink(otlp_sink: tuple[str, list[bytes]]) -> None:
     url, received = otlp_sink
     provider = start_otlp_exporter(url, interval_seconds=3600)
@@ -126,3 +96,19 @@ async def test_otlp_export_reaches_a_local_sink(otlp_sink: tuple[str, list[bytes
             for sm in rm.scope_metrics:
                 names.update(m.name for m in sm.metrics)
     assert {"aiotier.lookup_sync_delay", "aiotier.lookups", "aiotier.tier_usage"} <= names
+
+
+def test_grafana_dashboard_uses_only_spec_metric_names() -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).parents[2] / "docs" / "grafana-dashboard.json").read_text())
+    names = {m.prometheus for m in METRICS}
+    used = set()
+    for panel in doc["panels"]:
+        for target in panel["targets"]:
+            for name in re.findall(r"aiotier_[a-z_]+", target["expr"]):
+                used.add(name.removesuffix("_bucket"))
+    assert used <= names, used - names
+    assert names <= used, names - used  # every metric has a panel
