@@ -86,7 +86,11 @@ class App:
 
 
 async def respond(
-    send: Send, status: int, body: bytes, ctype: bytes, extra: list[tuple[bytes, bytes]] | None = None
+    send: Send,
+    status: int,
+    body: bytes,
+    ctype: bytes,
+    extra: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
     headers = [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]
     headers += extra or []

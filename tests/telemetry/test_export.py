@@ -6,6 +6,7 @@ import asyncio
 import socket
 import urllib.error
 import urllib.request
+
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
