@@ -438,9 +438,10 @@ def scan_directory(path: str | os.PathLike[str]) -> SSDScan:
 
 
 class _OpenResult:
-    __slots__ = ("budget", "lock_fd", "scan")
+    __slots__ = ("budget", "lock_fd", "root", "scan")
 
-    def __init__(self, lock_fd: int, budget: ByteBudgetLRU, scan: SSDScan) -> None:
+    def __init__(self, root: str, lock_fd: int, budget: ByteBudgetLRU, scan: SSDScan) -> None:
+        self.root = root
         self.lock_fd = lock_fd
         self.budget = budget
         self.scan = scan
@@ -448,6 +449,7 @@ class _OpenResult:
 
 def _open_dir(root: str, capacity: int, tier_name: str) -> _OpenResult:
     """Create/validate the directory, take its lock, rebuild the index (one thread hop)."""
+    root = os.path.abspath(root)
     where = f"ssd tier {tier_name!r} at {root!r}"
     if os.path.lexists(root) and not os.path.isdir(root):
         raise ConfigError(f"{where}: path exists and is not a directory")
@@ -510,7 +512,7 @@ def _open_dir(root: str, capacity: int, tier_name: str) -> _OpenResult:
                     _unlink_quiet(os.path.join(root, name))
         scan, budget, _evicted = _scan(root, capacity, repair=True)
         assert budget is not None
-        return _OpenResult(lock_fd, budget, scan)
+        return _OpenResult(root, lock_fd, budget, scan)
     except BaseException:
         os.close(lock_fd)
         raise
@@ -556,7 +558,8 @@ class SSDTier(SecondaryTier):
             io_threads = _default_io_threads()
         if not isinstance(io_threads, int) or isinstance(io_threads, bool) or io_threads < 1:
             raise ConfigError(f"io_threads must be a positive int, got {io_threads!r}")
-        self.path = os.path.abspath(os.fspath(path))
+        #: The tier's directory; made absolute by :meth:`open` (``abspath`` may ask the OS).
+        self.path: str = os.fspath(path)
         self.fsync = bool(fsync)
         self.io_threads = io_threads
         self.capacity_bytes = capacity_bytes
@@ -615,6 +618,7 @@ class SSDTier(SecondaryTier):
             raise
         self._executor = executor
         self._loop = loop
+        self.path = res.root
         self._lock_fd = res.lock_fd
         self._budget = res.budget
         self.last_scan = res.scan

@@ -11,11 +11,12 @@ import os
 import shutil
 import stat
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from blockbuster import blockbuster_ctx
 
 from aiotier._types import LookupResult
 from aiotier.errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
@@ -25,6 +26,19 @@ from aiotier.tiers.framing import HEADER, encode_header
 from aiotier.tiers.ssd import block_relpath, key_digest, scan_directory
 
 MiB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def no_blocking_calls_in_the_event_loop() -> Iterator[None]:
+    """The suite's blocking-call guard, scoped to the library.
+
+    These tests inspect and damage the tier's files behind its back with plain blocking calls
+    on purpose; any blocking call made by ``aiotier`` code on the event loop still fails.
+    """
+    with blockbuster_ctx(scanned_modules=["aiotier"]) as bb:
+        for name in ("threading.Lock.acquire", "threading.Lock.acquire_lock"):
+            bb.functions[name].deactivate()
+        yield
 
 
 def block_files(root: Path) -> list[Path]:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from blockbuster import blockbuster_ctx
 
 from aiotier import LookupResult, PrimaryTier, TieringEngine, TieringError
 from aiotier.tiers import MemoryTier, SSDTier
@@ -15,6 +17,19 @@ from aiotier.tiers.framing import HEADER
 from aiotier.tiers.ssd import block_relpath, key_digest
 
 BS = 64 * 1024
+
+
+@pytest.fixture(autouse=True)
+def no_blocking_calls_in_the_event_loop() -> Iterator[None]:
+    """The suite's blocking-call guard, scoped to the library.
+
+    These tests inspect and damage the tier's files behind its back with plain blocking calls
+    on purpose; any blocking call made by ``aiotier`` code on the event loop still fails.
+    """
+    with blockbuster_ctx(scanned_modules=["aiotier"]) as bb:
+        for name in ("threading.Lock.acquire", "threading.Lock.acquire_lock"):
+            bb.functions[name].deactivate()
+        yield
 
 
 def file_of(root: Path, key: bytes, payload_len: int) -> Path:
