@@ -60,7 +60,7 @@ async def local_redis_server(maxmemory: str = "2gb") -> AsyncIterator[str | None
 
     Nothing is persisted, and the server is stopped by its own pid when the block ends.
     """
-    exe = shutil.which("redis-server")
+    exe = await asyncio.to_thread(shutil.which, "redis-server")
     if exe is None:
         yield None
         return
