@@ -20,7 +20,7 @@ import statistics
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from ..tiers.redis import RedisTier
+from ..tiers.redis import RedisTier, _driver_info
 from .common import Case, LoopLagTicker, Measure
 
 __all__ = ["local_redis_server", "run", "run_local"]
@@ -130,7 +130,9 @@ async def run(quick: bool, url: str) -> list[Case]:
 
     tier = RedisTier(url, namespace=NAMESPACE, timeout=30.0)
     await tier.open()
-    plain = redis_asyncio.Redis.from_url(url)
+    # the floor client gets its driver info up front too, or redis-py reads package metadata
+    # from disk on the loop for every connection (which the loop-lag figures would count)
+    plain = redis_asyncio.Redis.from_url(url, driver_info=_driver_info())
     host, port = url.removeprefix("redis://").split("/")[0].split(":")
     peer = RedisCache(
         serializer=NullSerializer(encoding=None), endpoint=host, port=int(port), namespace=""
