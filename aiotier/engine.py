@@ -315,13 +315,18 @@ class TieringEngine:
             slot = self._index.get(key)  # type: ignore[arg-type]
         except TypeError:
             slot = None
-        if slot is not None and self._state[slot] == READY:
+        if slot is not None and self._state[slot] == READY and exclude_tier is None:
             self._stats.primary_hit += 1
             return _HIT
         k = normalize_key(key)
         self._check_open()
+        exclude = self._tier_index(exclude_tier)
+        slot = self._index.get(k)  # a str key hits here
+        if slot is not None and self._state[slot] == READY:
+            self._stats.primary_hit += 1
+            return _HIT
         rs = self._request(req)
-        results = await self._scan([k], rs, self._tier_index(exclude_tier), prefix=False)
+        results = await self._scan([k], rs, exclude, prefix=False)
         return results[0]
 
     async def lookup_prefix(
@@ -844,6 +849,9 @@ class TieringEngine:
         rs = self._request(req) or self._anon
         deadline = _now() + self.promotion_timeout
         for k, slot in zip(new, slots, strict=True):
+            # the storer holds a writable view: the slot stays its own until complete_store,
+            # even if a put or delete of the key replaces it meanwhile
+            self._table.pin(slot)
             rs.stores[k] = slot
             self._store_deadline[slot] = deadline
         arena = self._arena
@@ -860,6 +868,7 @@ class TieringEngine:
     ) -> None:
         """Make prepared blocks loadable (``sizes`` gives lengths), or free them on failure."""
         ks = normalize_keys(keys)
+        self._check_open()
         rs = self._request(req) if req is not None else self._anon
         assert rs is not None
         bs = self._arena.block_size
@@ -885,10 +894,12 @@ class TieringEngine:
             slot = rs.stores.pop(k)
             self._store_deadline.pop(slot, None)
             if self._state[slot] != PENDING or self._index.get(k) != slot:
-                continue  # replaced by a put or deleted meanwhile: the newer write wins
+                self._table.unpin(slot)  # replaced or deleted meanwhile: the newer write wins
+                continue
             if success:
                 self._arena.lengths[slot] = n
                 self._state[slot] = READY
+                self._table.unpin(slot)
                 self._table.policy.touch(slot)
                 stored.append(k)
             else:
@@ -1253,6 +1264,8 @@ class TieringEngine:
             if self._state[slot] == PENDING and self._index.get(k) == slot:
                 self._table.release(slot)
                 self._settle(k)
+            else:
+                self._table.unpin(slot)  # an orphan: freed with its last pin
         rs.stores.clear()
 
     def _flush_metrics(self) -> None:
@@ -1286,8 +1299,8 @@ class TieringEngine:
         pending.merge(self._stats, self._pname)
         counters.update(pending.counters)
         pins = self._table.pins
-        # promoting slots carry their read's pin; pending stores are pinned by their state
-        pinned = len(pins) - pins.count(0) + self._state.count(PENDING)
+        # promoting slots carry their read's pin, pending stores their storer's
+        pinned = len(pins) - pins.count(0)
         return EngineStats(
             tiers={name: usage for name, usage in self._usages()},
             promotions_in_flight=self._promoting,

@@ -278,6 +278,31 @@ async def test_put_over_a_loading_block_keeps_the_loader_view() -> None:
         assert await e.put("b", b"b")
 
 
+async def test_put_over_a_pending_store_keeps_the_storer_slot_until_it_completes() -> None:
+    async with TieringEngine(PrimaryTier(3, 8)) as e:
+        out = e.prepare_store(["k"], R1)
+        assert out is not None
+        assert await e.put("k", b"put")  # the put wins; the storer's slot stays reserved
+        for i in range(4):  # churn the other two slots: the storer's is never handed out
+            assert await e.put(f"x{i}", b"x%d" % i)
+        assert out.store_spec.block_ids[0] not in {e._index[b"x2"], e._index[b"x3"]}
+        out.store_spec.buffers[0][:5] = b"store"  # the storer writes late: harms nobody
+        assert [await e.get(f"x{i}") for i in (2, 3)] == [b"x2", b"x3"]
+        e.complete_store(["k"], R1)
+        assert await e.get("k") is None  # evicted by the churn (no tier below), never "store"
+        assert e.stats().pinned_blocks == 0
+
+
+async def test_delete_of_a_pending_store_frees_it_when_the_request_finishes() -> None:
+    async with TieringEngine(PrimaryTier(1, 8)) as e:
+        assert e.prepare_store(["k"], R1) is not None
+        assert not await e.delete("k")  # a pending store is not a block yet
+        assert await e.lookup("k") is MISS
+        assert not await e.put("x", b"x")  # the storer still holds the only slot
+        e.end_step(finished_req_ids=["r1"])
+        assert await e.put("x", b"x")
+
+
 async def test_delete_removes_from_every_tier() -> None:
     t1, t2 = await seeded_tier(1, "m1"), await seeded_tier(1, "m2")
     async with TieringEngine(PrimaryTier(2, 64), [t1, t2]) as e:
