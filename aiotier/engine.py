@@ -628,19 +628,22 @@ class TieringEngine:
         rec = self._inflight.get(k)
         if rec is None or rec.slot != slot:
             return
-        for holder in rec.holders:
-            if holder.promo_pins.get(k) == slot:
-                del holder.promo_pins[k]
-                self._table.unpin(slot)
+        self._drop_holders(k, slot)
+        self._table.detach(slot)  # an orphan until the read's own pin goes
+        self._backoff[(ti, k)] = _now() + self.backoff_seconds
+        self._settle(k)
+
+    def _drop_holders(self, k: bytes, slot: int) -> None:
+        """Release the RETRY pins requests (and anonymous calls) hold on a promoting block."""
+        rec = self._inflight.get(k)
+        if rec is not None:
+            for holder in rec.holders:
+                if holder.promo_pins.get(k) == slot:
+                    del holder.promo_pins[k]
+                    self._table.unpin(slot)
         if self._anon_promo.get(k) == slot:
             del self._anon_promo[k]
             self._table.unpin(slot)
-        if self._index.get(k) == slot:
-            del self._index[k]
-        self._table.policy.remove(slot)
-        self._state[slot] = ORPHAN  # freed when the read's own pin goes
-        self._backoff[(ti, k)] = _now() + self.backoff_seconds
-        self._settle(k)
 
     def _release_read_pins(self, slots: list[int], _done: object = None) -> None:
         for slot in slots:
@@ -954,15 +957,7 @@ class TieringEngine:
         """Drop the primary's block for ``k``: in-flight readers and loaders keep their pins."""
         st = self._state[slot]
         if st == PROMOTING:
-            rec = self._inflight.get(k)
-            if rec is not None:
-                for holder in rec.holders:
-                    if holder.promo_pins.get(k) == slot:
-                        del holder.promo_pins[k]
-                        self._table.unpin(slot)
-            if self._anon_promo.get(k) == slot:
-                del self._anon_promo[k]
-                self._table.unpin(slot)
+            self._drop_holders(k, slot)
         elif st == PENDING:
             self._store_deadline.pop(slot, None)
         self._table.detach(slot)
