@@ -77,7 +77,7 @@ async def lookup_hit(n_blocks: int, ops: int, rounds: int, peer: bool = True) ->
     fns: dict[str, Callable[[], Awaitable[float]]] = {"floor": floor, "aiotier": ours}
     if peer:
         try:
-            from aiocache import SimpleMemoryCache  # type: ignore[import-untyped]
+            from aiocache import SimpleMemoryCache
         except ImportError:
             peer = False
         else:

@@ -125,8 +125,8 @@ async def run(quick: bool, url: str) -> list[Case]:
     payload = os.urandom(BLOCK_SIZE)
 
     import redis.asyncio as redis_asyncio
-    from aiocache import RedisCache  # type: ignore[import-untyped]
-    from aiocache.serializers import NullSerializer  # type: ignore[import-untyped]
+    from aiocache import RedisCache
+    from aiocache.serializers import NullSerializer
 
     tier = RedisTier(url, namespace=NAMESPACE, timeout=30.0)
     await tier.open()

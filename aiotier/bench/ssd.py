@@ -148,7 +148,7 @@ async def _idle_lag() -> dict[str, float]:
 async def _promote_cases(
     root: str, block_size: int, blocks: int, rounds: int, io_threads: int
 ) -> list[Case]:
-    import diskcache  # type: ignore[import-untyped]
+    import diskcache
 
     keys = [f"bench-{block_size}-{i}".encode() for i in range(blocks)]
     payload = os.urandom(block_size)
