@@ -1,0 +1,86 @@
+"""Building engines from mappings, TOML files and AIOTIER_* variables; errors name the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aiotier import ConfigError, MemoryTier, SSDTier
+from aiotier.config import config_from_env, engine_from_config, engine_from_env, load_config
+
+BASE = {"primary": {"num_blocks": 8, "block_size": 4096}}
+
+
+def test_mapping_builds_the_engine_it_describes(tmp_path: Path) -> None:
+    engine = engine_from_config({
+        "engine": {"write_policy": "write_through", "promotion_timeout": 2},
+        "primary": {"num_blocks": 8, "block_size": 4096, "policy": "arc"},
+        "tiers": [
+            {"type": "memory", "capacity_bytes": 1 << 20},
+            {"type": "ssd", "path": str(tmp_path), "capacity_bytes": 1 << 20, "fsync": True},
+        ],
+    })  # fmt: skip
+    assert engine.primary.num_blocks == 8 and engine.primary.policy_name == "arc"
+    assert engine.write_policy == "write_through" and engine.promotion_timeout == 2.0
+    assert isinstance(engine.tiers[0], MemoryTier) and isinstance(engine.tiers[1], SSDTier)
+    assert engine.tiers[1].fsync is True
+
+
+def test_toml_file(tmp_path: Path) -> None:
+    path = tmp_path / "aiotier.toml"
+    path.write_text(
+        '[primary]\nnum_blocks = 4\nblock_size = 1024\n\n'
+        '[[tiers]]\ntype = "memory"\ncapacity_bytes = 65536\nname = "ram"\n'
+    )
+    engine = engine_from_config(load_config(path))
+    assert engine.tiers[0].name == "ram"
+
+
+def test_environment_variables() -> None:
+    env = {
+        "AIOTIER_PRIMARY_NUM_BLOCKS": "16",
+        "AIOTIER_PRIMARY_BLOCK_SIZE": "512",
+        "AIOTIER_ENGINE_MAX_INFLIGHT_PROMOTIONS": "8",
+        "AIOTIER_TIERS_0_TYPE": "memory",
+        "AIOTIER_TIERS_0_CAPACITY_BYTES": "4096",
+        "PATH": "/usr/bin",
+    }
+    assert config_from_env(env)["tiers"] == [{"type": "memory", "capacity_bytes": "4096"}]
+    engine = engine_from_env(env)
+    assert engine.primary.num_blocks == 16 and engine.max_inflight_promotions == 8
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        ({}, "primary.num_blocks"),
+        ({"primary": {"num_blocks": "many", "block_size": 8}}, "primary.num_blocks"),
+        ({**BASE, "engine": {"write_policy": 3}}, "engine.write_policy"),
+        ({**BASE, "engine": {"bogus": 1}}, "engine.bogus"),
+        ({**BASE, "tiers": [{"type": "tape"}]}, "tiers[0].type"),
+        ({**BASE, "tiers": [{"type": "memory", "capacity_bytes": True}]},
+         "tiers[0].capacity_bytes"),
+        ({**BASE, "tiers": [{"type": "memory"}]}, "tiers[0]"),
+        ({**BASE, "tiers": {"type": "memory"}}, "tiers"),
+        ({**BASE, "extra": {}}, "extra"),
+    ],
+)  # fmt: skip
+def test_errors_name_the_bad_field(config: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        engine_from_config(config)
+    assert field in str(info.value)
+
+
+def test_bad_env_names_are_refused() -> None:
+    with pytest.raises(ConfigError, match="AIOTIER_TIERS_X_TYPE"):
+        config_from_env({"AIOTIER_TIERS_X_TYPE": "memory"})
+    with pytest.raises(ConfigError, match="unknown section 'cache'"):
+        config_from_env({"AIOTIER_CACHE_SIZE": "1"})
+
+
+def test_broken_toml_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[primary\n")
+    with pytest.raises(ConfigError, match="bad.toml"):
+        load_config(path)
