@@ -82,5 +82,5 @@ def test_bad_env_names_are_refused() -> None:
 def test_broken_toml_is_a_config_error(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
     path.write_text("[primary\n")
-    with pytest.raises(ConfigError, match="bad.toml"):
+    with pytest.raises(ConfigError, match=r"bad\.toml"):
         load_config(path)
