@@ -147,16 +147,31 @@ def _drop_file(fd: int, path: str) -> None:
         pass
 
 
-def _read_block(path: str, key: bytes, payload_len: int, buf: memoryview, tier_name: str) -> int:
-    """Open, read header+payload into ``buf`` in one ``preadv``, verify, close.
+def _open_for_read(path: str) -> int | None:
+    try:
+        return os.open(path, _READ_FLAGS)
+    except FileNotFoundError:
+        return None
+
+
+def _read_block(
+    path: str,
+    key: bytes,
+    payload_len: int,
+    buf: memoryview,
+    tier_name: str,
+    fd: int | None = None,
+) -> int:
+    """Open (unless ``fd`` is given), read header+payload into ``buf`` in one ``preadv``,
+    verify, close. Returns -1 when the file is gone.
 
     No ``utime`` here: it dirties the inode (~8 µs, a journal write) on every promotion; read
     recency survives a clean restart through the recency file instead.
     """
-    try:
-        fd = os.open(path, _READ_FLAGS)
-    except FileNotFoundError:
-        return -1
+    if fd is None:
+        fd = _open_for_read(path)
+        if fd is None:
+            return -1
     try:
         hdr = bytearray(HEADER.size + len(key))
         got = os.preadv(fd, [hdr, buf], 0)
@@ -274,7 +289,16 @@ def _resolve(fut: asyncio.Future[Any], outcome: Any) -> None:
 
 
 def _run_ops(ops: list[_Op]) -> list[Any]:
-    """Body of one thread hop: every op in order, each failure kept in its own slot."""
+    """Body of one thread hop: every op in order, each failure kept in its own slot.
+
+    With several reads in the hop, every file is opened and ``POSIX_FADV_WILLNEED`` first:
+    the kernel starts reading the cold ones all at once (one thread, many I/Os in flight;
+    +40% on cold files here), and warm ones cost one cheap syscall more.
+    """
+    if len(ops) > 1:
+        for op in ops:
+            if type(op) is _ReadOp:
+                op.prefetch()
     out: list[Any] = []
     for op in ops:
         try:
@@ -536,8 +560,8 @@ class SSDTier(SecondaryTier):
     ``capacity_bytes`` counts whole files (header and key included). ``fsync=True`` makes each
     completed write durable before it is reported (file and directory fsynced); without it a
     crash may lose recent writes, never return wrong bytes. ``io_threads`` sizes the tier's own
-    thread pool, which also bounds the thread hops in flight (default: the CPU count, at most
-    4; fewer threads keep the event loop's lag lower, more help cold reads on fast disks).
+    thread pool, which also bounds the thread hops in flight (default: one less than the CPU
+    count, 1 to 4; fewer threads keep the event loop's lag lower, more help on fast disks).
     """
 
     def __init__(
@@ -1145,7 +1169,8 @@ class SSDTier(SecondaryTier):
 
 class _ReadOp(_Op):
     __slots__ = (
-        "buf", "digest", "key", "path", "payload_len", "size", "tier", "writes_seen",
+        "buf", "digest", "fd", "key", "open_error", "path", "payload_len", "size", "tier",
+        "writes_seen",
     )
 
     def __init__(
@@ -1167,11 +1192,28 @@ class _ReadOp(_Op):
         self.path = tier._path(digest, size)
         # -1: a write of this key is in flight, so a missing file proves nothing
         self.writes_seen = -1 if digest in tier._busy else tier._writes
+        self.fd: int | None = None  # opened ahead by prefetch() when the hop has several reads
+        self.open_error: OSError | None = None
+
+    def prefetch(self) -> None:
+        try:
+            self.fd = _open_for_read(self.path)
+        except OSError as exc:
+            self.open_error = exc
+            return
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        else:
+            self.open_error = FileNotFoundError(self.path)
 
     def run(self) -> int:
-        return _read_block(
-            self.path, self.key, self.payload_len, self.buf, self.tier.name
-        )
+        fd, self.fd = self.fd, None
+        if fd is None and self.open_error is not None:
+            if isinstance(self.open_error, FileNotFoundError):
+                return -1
+            raise self.open_error
+        return _read_block(self.path, self.key, self.payload_len, self.buf, self.tier.name, fd)
 
     def finish(self, outcome: Any) -> None:
         self.tier._read_finished(self, outcome)
@@ -1322,7 +1364,9 @@ def _as_exception(exc: BaseException) -> Exception:
 
 
 def _default_io_threads() -> int:
-    return max(1, min(4, os.cpu_count() or 1))
+    """One core is left to the event loop: workers copying warm pages compete with it for
+    CPU and the GIL (loop lag), and WILLNEED prefetch gives even one thread cold-read depth."""
+    return max(1, min(4, (os.cpu_count() or 1) - 1))
 
 
 def _as_key(key: object) -> bytes:
