@@ -1165,18 +1165,24 @@ class TieringEngine:
                 op.done.set_result(bool(removed))
 
     def _write_down_primary(self) -> None:
-        """At close (write_back): queue every block that lives only in the primary."""
-        first = self.tiers[0]
+        """At close (write_back): queue the primary's blocks for the first persistent tier.
+
+        Blocks that tier already holds are skipped: a put or store of a key removes its older
+        copies everywhere, so a copy below is always the same bytes.
+        """
+        ti = next((i for i, t in enumerate(self.tiers) if t.persistent), 0)
+        target = self.tiers[ti]
         table = self._table
         for k, slot in list(self._index.items()):
             if self._state[slot] != READY:
                 continue
-            if table.clean[slot] and first.contains_hint(k) is not False:
+            hint = target.contains_hint(k)
+            if hint or (ti == 0 and table.clean[slot] and hint is None):
                 continue
             data = self._arena.read(slot)
             self._queued_bytes += len(data)
-            self._queues[0].append(_Op(_WRITE, k, data))
-            self._queue_wakeups[0].set()
+            self._queues[ti].append(_Op(_WRITE, k, data))
+            self._queue_wakeups[ti].set()
 
     async def _drain_queues(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()

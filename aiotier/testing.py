@@ -175,6 +175,10 @@ class FaultyTier(SecondaryTier):
         if hasattr(self, "inner"):
             self.inner.handover_evicted = value
 
+    @property
+    def persistent(self) -> bool:  # type: ignore[override]
+        return self.inner.persistent
+
     def take_evicted(self) -> list[tuple[bytes, bytes]]:
         return self.inner.take_evicted()
 

@@ -18,6 +18,8 @@ class MemoryTier(SecondaryTier):
     it is also the only built-in tier that hands evicted bytes to the tier below for free.
     """
 
+    persistent = False
+
     def __init__(self, capacity_bytes: int, *, name: str = "memory") -> None:
         super().__init__(name)
         self._budget = ByteBudgetLRU(capacity_bytes)
