@@ -1149,20 +1149,23 @@ class TieringEngine:
 
     async def _apply_removes(self, ti: int, batch: list[_Op]) -> None:
         tier = self.tiers[ti]
-        for op in batch:
-            removed = False
-            try:
-                async with asyncio.timeout(self.io_timeout):
-                    removed = await tier.remove(op.key)
-            except Exception:
+        keys = [op.key for op in batch]
+        try:
+            async with asyncio.timeout(self.io_timeout):
+                answers = await tier.remove_many(keys)
+            if len(answers) != len(keys):
+                raise TieringError(f"tier {tier.name!r} answered {len(answers)} of {len(keys)}")
+        except Exception as exc:
+            answers = [exc] * len(keys)
+        counter = self._removing[ti]
+        for op, answer in zip(batch, answers, strict=True):
+            if isinstance(answer, Exception):
                 self._stats.tier_errors[(tier.name, "remove")] += 1
-            finally:
-                counter = self._removing[ti]
-                counter[op.key] -= 1
-                if counter[op.key] <= 0:
-                    del counter[op.key]
+            counter[op.key] -= 1
+            if counter[op.key] <= 0:
+                del counter[op.key]
             if op.done is not None and not op.done.done():
-                op.done.set_result(bool(removed))
+                op.done.set_result(answer is True)
 
     def _write_down_primary(self) -> None:
         """At close (write_back): queue the primary's blocks for the first persistent tier.

@@ -151,6 +151,9 @@ class FaultyTier(SecondaryTier):
         await self._before("remove")
         return await self.inner.remove(key)
 
+    async def remove_many(self, keys: Sequence[bytes]) -> list[bool | Exception]:
+        return await SecondaryTier.remove_many(self, keys)
+
     def usage(self) -> TierUsage:
         return self.inner.usage()
 

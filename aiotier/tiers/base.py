@@ -130,6 +130,16 @@ class SecondaryTier(ABC):
                 out.append(None)
         return out
 
+    async def remove_many(self, keys: Sequence[bytes]) -> list[bool | Exception]:
+        """:meth:`remove` for each key; a per-key failure is returned in place of its answer."""
+        out: list[bool | Exception] = []
+        for k in keys:
+            try:
+                out.append(await self.remove(k))
+            except Exception as exc:
+                out.append(exc)
+        return out
+
     def contains_hint(self, key: bytes) -> bool | None:
         """Whether the tier holds ``key``, when it knows without I/O; ``None`` when it cannot tell.
 

@@ -441,6 +441,26 @@ class RedisTier(SecondaryTier):
         self._forget(rkey)
         return bool(n)
 
+    async def remove_many(self, keys: Sequence[bytes]) -> list[bool | Exception]:
+        """One pipelined round trip of DELs (the engine batches the removes a put queues)."""
+        rkeys = [self.redis_key(k) for k in keys]
+
+        async def run(client: Any) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for rkey in rkeys:
+                pipe.delete(rkey)
+            return list(await pipe.execute(raise_on_error=False))
+
+        replies = await self._call("remove", run)
+        out: list[bool | Exception] = []
+        for rkey, reply in zip(rkeys, replies, strict=True):
+            if isinstance(reply, Exception):
+                out.append(reply)
+            else:
+                self._forget(rkey)
+                out.append(bool(reply))
+        return out
+
     def usage(self) -> TierUsage:
         """What this tier instance wrote and has not seen removed or expired.
 

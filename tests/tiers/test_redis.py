@@ -293,6 +293,19 @@ async def test_64_key_lookup_many_is_one_round_trip(
     assert after.get("evalsha", 0) - before.get("evalsha", 0) == 1
 
 
+async def test_remove_many_is_one_round_trip(
+    tier: RedisTier, raw: redis_asyncio.Redis, sends: list[int]
+) -> None:
+    keys = [f"gone-{i}".encode() for i in range(64)]
+    await tier.write_many([(k, b"v") for k in keys[:40]])
+    sends.clear()
+    answers = await tier.remove_many(keys)
+    assert len(sends) == 1
+    assert answers == [True] * 40 + [False] * 24
+    assert await raw.dbsize() == 0
+    assert tier.usage().blocks == 0
+
+
 @pytest.mark.parametrize("fast_reads", [True, False])
 async def test_64_key_read_many_is_one_mget(
     redis_url: str, raw: redis_asyncio.Redis, sends: list[int], fast_reads: bool
