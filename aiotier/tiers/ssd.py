@@ -28,7 +28,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import re
 import stat
 import struct
 import time
@@ -67,7 +66,6 @@ MARKER_TEXT: Final = "aiotier-ssd 1\n"
 LOCK_NAME: Final = "lock"
 TMP_PREFIX: Final = ".tmp-"
 SHARDS: Final = tuple(f"{i:02x}" for i in range(256))
-_BLOCK_RE: Final = re.compile(r"([0-9a-f]{32})-([0-9a-f]{1,16})\.blk")
 
 #: Most blocks and bytes one thread hop carries: enough to amortise the hop (20-65 µs), small
 #: enough that several hops run in parallel and a cancelled caller never waits long.
@@ -329,8 +327,9 @@ class SSDScan:
     seconds: float = 0.0
 
 
-def _read_recency(root: str, consume: bool) -> list[bytes]:
-    """Digests in LRU order as saved by the last clean close (oldest first), or ``[]``.
+def _read_recency(root: str, consume: bool) -> tuple[list[bytes], int]:
+    """Digests in LRU order as saved by the last clean close (oldest first), and the file's
+    mtime; ``([], 0)`` when there is none or it does not verify.
 
     The file is removed when consumed, so after a crash the order falls back to file mtimes.
     """
@@ -338,20 +337,21 @@ def _read_recency(root: str, consume: bool) -> list[bytes]:
     try:
         with open(path, "rb") as f:
             blob = f.read()
+            mtime = os.fstat(f.fileno()).st_mtime_ns
     except FileNotFoundError:
-        return []
+        return [], 0
     finally:
         if consume:
             _unlink_quiet(path)
     if len(blob) < _RECENCY_HEAD.size:
-        return []
+        return [], 0
     magic, version, count, digest = _RECENCY_HEAD.unpack_from(blob)
     body = memoryview(blob)[_RECENCY_HEAD.size :]
     if magic != _RECENCY_MAGIC or version != 1 or len(body) != 16 * count:
-        return []
+        return [], 0
     if checksum(body) != digest:
-        return []
-    return [bytes(body[i : i + 16]) for i in range(0, len(body), 16)]
+        return [], 0
+    return [bytes(body[i : i + 16]) for i in range(0, len(body), 16)], mtime
 
 
 def _write_recency(root: str, digests: list[bytes]) -> None:
@@ -364,21 +364,39 @@ def _write_recency(root: str, digests: list[bytes]) -> None:
     os.replace(tmp, os.path.join(root, RECENCY_NAME))
 
 
+def _parse_block_name(name: str, shard: str) -> tuple[bytes, int] | None:
+    """(digest, size) of a canonical ``<digest>-<size>.blk`` name in ``shard``, else None."""
+    if len(name) < 38 or name[32] != "-" or not name.endswith(".blk") or name[:2] != shard:
+        return None
+    try:
+        digest = bytes.fromhex(name[:32])
+        size = int(name[33:-4], 16)
+    except ValueError:
+        return None
+    if len(digest) != 16 or digest.hex() != name[:32] or f"{size:x}" != name[33:-4]:
+        return None
+    return digest, size
+
+
 def _scan(
     root: str, capacity: int | None, repair: bool
 ) -> tuple[SSDScan, ByteBudgetLRU | None, list[str]]:
-    """Index the block files under ``root`` in mtime order; remove temporaries and torn files.
+    """Index the block files under ``root`` by recency; remove temporaries and torn files.
 
-    With ``capacity``, also evicts least-recent blocks down to the budget. Returns the scan
-    figures, the rebuilt budget (when ``capacity`` is given) and the evicted files' paths.
+    One ``stat`` per file and no open: its size against the size in its name finds torn files,
+    its mtime gives recency (refined by the ``recency`` file of a clean close). With
+    ``capacity``, least-recent blocks are evicted down to the budget. Returns the scan figures,
+    the rebuilt budget (with ``capacity``) and the evicted files' paths.
     """
     t0 = time.perf_counter()
     info = SSDScan()
+    saved, saved_mtime = _read_recency(root, consume=repair)
+    rank = dict.fromkeys(saved)
     found: dict[bytes, tuple[int, int]] = {}  # digest -> (mtime_ns, size)
+    newest = saved_mtime
     for shard in SHARDS:
-        shard_dir = os.path.join(root, shard)
         try:
-            it = os.scandir(shard_dir)
+            it = os.scandir(os.path.join(root, shard))
         except FileNotFoundError:
             continue
         with it:
@@ -389,10 +407,11 @@ def _scan(
                     if repair:
                         _unlink_quiet(entry.path)
                     continue
-                m = _BLOCK_RE.fullmatch(name)
-                if m is None or m.group(1)[:2] != shard:
+                parsed = _parse_block_name(name, shard)
+                if parsed is None:
                     info.foreign += 1
                     continue
+                digest, size = parsed
                 try:
                     st = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
@@ -400,43 +419,38 @@ def _scan(
                 if not stat.S_ISREG(st.st_mode):
                     info.foreign += 1
                     continue
-                size = int(m.group(2), 16)
                 if st.st_size != size or size < HEADER.size:
                     info.torn += 1
                     if repair:
                         _unlink_quiet(entry.path)
                     continue
-                digest = bytes.fromhex(m.group(1))
+                mtime = st.st_mtime_ns
+                newest = max(newest, mtime)
                 prev = found.get(digest)
                 if prev is not None:
                     # A crash between renaming a resized block into place and unlinking its old
                     # file leaves two files; the newer one holds the block's latest write.
                     info.duplicates += 1
-                    if prev[0] <= st.st_mtime_ns:
+                    if prev[0] <= mtime:
                         loser = prev[1]
-                        found[digest] = (st.st_mtime_ns, size)
+                        found[digest] = (mtime, size)
                     else:
                         loser = size
                     if repair:
                         _unlink_quiet(os.path.join(root, block_relpath(digest, loser)))
                     continue
-                found[digest] = (st.st_mtime_ns, size)
+                found[digest] = (mtime, size)
+    info.newest_mtime_ns = newest
+    # Blocks the recency file does not list go first, by mtime; then its exact LRU order.
+    unlisted = sorted((v[0], d) for d, v in found.items() if d not in rank)
+    order = [d for _m, d in unlisted]
+    order += [d for d in saved if d in found]
     evicted_paths: list[str] = []
     budget: ByteBudgetLRU | None = None
-    order = sorted(found.items(), key=lambda kv: kv[1][0])
-    if order:
-        info.newest_mtime_ns = order[-1][1][0]
-    saved = _read_recency(root, consume=repair)
-    if saved:
-        # Exact LRU order from the last clean close; blocks it does not list go first, by mtime.
-        rank = {d: i for i, d in enumerate(saved)}
-        unlisted = [kv for kv in order if kv[0] not in rank]
-        listed = sorted((kv for kv in order if kv[0] in rank), key=lambda kv: rank[kv[0]])
-        order = unlisted + listed
     if capacity is not None:
         budget = ByteBudgetLRU(capacity)
-        for digest, (_mtime, size) in order:
-            budget.load(digest, size)
+        for digest in order:
+            budget.load(digest, found[digest][1])
         for digest in budget.over_budget():
             evicted_paths.append(os.path.join(root, block_relpath(digest, found[digest][1])))
         if repair:
@@ -447,7 +461,7 @@ def _scan(
         info.bytes = budget.used
     else:
         info.blocks = len(found)
-        info.bytes = sum(size for _m, size in found.values())
+        info.bytes = sum(v[1] for v in found.values())
     info.seconds = time.perf_counter() - t0
     return info, budget, evicted_paths
 
