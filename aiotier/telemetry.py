@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import metrics
+from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 from opentelemetry.sdk.metrics import MeterProvider as SDKMeterProvider
 
@@ -86,6 +87,11 @@ _BY_KEY = {m.key: m for m in METRICS}
 
 UsageSource = Callable[[], Iterable[tuple[str, int]]]
 
+# Samples are handed over at the step boundary, where the current span (if any) is the
+# scheduler's, not the request's: an exemplar would point at the wrong trace. An empty context
+# says so, and spares the SDK a context lookup per call (about a third of its cost here).
+_NO_CONTEXT = Context()
+
 
 class Telemetry:
     """The engine's instruments on one meter; ``flush`` exports one step's buffers."""
@@ -131,18 +137,19 @@ class Telemetry:
 
     def flush(self, s: StepStats, primary: str) -> None:
         i = self._instruments
+        ctx = _NO_CONTEXT
         record = i["sync_delay"].record
         for v in s.sync_delays:
-            record(v)
+            record(v, None, ctx)
         record = i["async_delay"].record
         for v in s.async_delays:
-            record(v)
+            record(v, None, ctx)
         record = i["alloc_size"].record
         for n in s.alloc_sizes:
-            record(n)
+            record(n, None, ctx)
         record = i["promotion_duration"].record
         for tier, v in s.promotion_durations:
-            record(v, self._labels("promotion_duration", (tier,)))
+            record(v, self._labels("promotion_duration", (tier,)), ctx)
         self._add("alloc_failures", ((k,) for k in s.alloc_failures), s.alloc_failures.values())
         lookups = s.lookup_counts(primary)
         self._add("lookups", lookups.keys(), lookups.values())
@@ -156,7 +163,7 @@ class Telemetry:
         add = self._instruments[key].add
         for labels, n in zip(label_sets, values, strict=True):
             if n:
-                add(n, self._labels(key, labels))
+                add(n, self._labels(key, labels), _NO_CONTEXT)
 
 
 class _ServingMeterProvider(SDKMeterProvider):
