@@ -923,12 +923,12 @@ class TieringEngine:
         if n > bs:
             raise ValueError(f"data for block {k[:64]!r} is {n} bytes, block_size is {bs}")
         self._check_open()
-        self._stats.alloc_sizes.append(1)
         slot = self._index.get(k)
         if slot is not None and self._state[slot] == READY and self._table.pins[slot] == 0:
-            self._arena.write(slot, data)
+            self._arena.write(slot, data)  # in place: no new block requested
             self._table.policy.touch(slot)
         else:
+            self._stats.alloc_sizes.append(1)
             got = self._table.allocate([k], READY) if slot is None else self._replace_slot(k, slot)
             if got is None:
                 self._stats.alloc_failures["store"] += 1
