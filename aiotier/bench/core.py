@@ -50,11 +50,15 @@ async def _filled_engine(n: int, block_size: int = 16, **kw: Any) -> TieringEngi
     return engine
 
 
-async def lookup_hit(n_blocks: int, ops: int, rounds: int, peer: bool = True) -> Case:
+async def lookup_hit(
+    n_blocks: int, ops: int, rounds: int, peer: bool = True, hot: int | None = None
+) -> Case:
+    """Primary hits, keys drawn uniformly from all blocks (or from the first ``hot`` ones)."""
     engine = await _filled_engine(n_blocks)
     keys = _keys(n_blocks)
     rng = random.Random(1)
-    sample = [keys[rng.randrange(n_blocks)] for _ in range(ops)]
+    span = n_blocks if hot is None else min(hot, n_blocks)
+    sample = [keys[rng.randrange(span)] for _ in range(ops)]
     req = RequestContext("bench")
     table = dict.fromkeys(keys, 0)
 
@@ -145,24 +149,36 @@ async def lookup_prefix(rounds: int, calls: int) -> Case:
 
 
 async def scale(points: list[int], ops: int, rounds: int) -> list[Case]:
+    """lookup_hit as the index grows, against the figure at the smallest size.
+
+    Two access patterns: ``uniform`` over every block (each lookup misses the CPU caches once
+    the index outgrows them, for a plain dict too: ``dict_same_scale`` gives that dict's own
+    figure and ratio), and ``hot_1000`` (the same 1000 keys at every size: what the index
+    structure itself costs as it grows).
+    """
     out = []
-    base: float | None = None
-    for n in points:
-        case = await lookup_hit(n, ops, rounds, peer=False)
-        assert case.aiotier is not None
-        if base is None:
-            base = case.aiotier
-        out.append(
-            Case(
-                "scale",
-                {"blocks": n, "ops": ops},
-                "us/op",
-                False,
-                case.aiotier,
-                floor=Measure(f"lookup_hit at {points[0]} blocks", base),
+    for access, hot in (("uniform", None), ("hot_1000", 1000)):
+        base: float | None = None
+        for n in points:
+            case = await lookup_hit(n, ops, rounds, peer=False, hot=hot)
+            assert case.aiotier is not None and case.floor is not None
+            if base is None:
+                base = case.aiotier
+            out.append(
+                Case(
+                    "scale",
+                    {"blocks": n, "ops": ops, "access": access},
+                    "us/op",
+                    False,
+                    case.aiotier,
+                    floor=Measure(f"lookup_hit at {points[0]} blocks, same access", base),
+                    extra={
+                        "dict_same_scale_us": case.floor.value,
+                        "ratio_to_dict_same_scale": case.floor.value / case.aiotier,
+                    },
+                )
             )
-        )
-        gc.collect()
+            gc.collect()
     return out
 
 
