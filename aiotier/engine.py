@@ -140,6 +140,7 @@ class TieringEngine:
         pin_steps: int = 16,
         step_interval: float | None = None,
         max_pending_write_bytes: int | None = None,
+        open_timeout: float = 300.0,
     ) -> None:
         if not isinstance(primary, PrimaryTier):
             raise TypeError(f"primary must be a PrimaryTier, got {type(primary).__name__}")
@@ -161,6 +162,7 @@ class TieringEngine:
             _positive("io_timeout", io_timeout)
         if step_interval is not None:
             _positive("step_interval", step_interval)
+        _positive("open_timeout", open_timeout)
         if max_pending_write_bytes is None:
             max_pending_write_bytes = max(primary.arena.nbytes, 64 << 20)
         for field, value in (("max_inflight_promotions", max_inflight_promotions),
@@ -178,6 +180,7 @@ class TieringEngine:
         self.io_timeout = float(io_timeout if io_timeout is not None else promotion_timeout)
         self.pin_steps = pin_steps
         self.step_interval = step_interval
+        self.open_timeout = float(open_timeout)
 
         # the hot path reads these directly
         self._arena = primary.arena
@@ -231,7 +234,11 @@ class TieringEngine:
         await self.aclose()
 
     async def open(self) -> None:
-        """Open every tier (in order) and start the background writers."""
+        """Open every tier (in order) and start the background writers.
+
+        A tier's ``open`` may rebuild an index (an SSD directory), so it gets ``open_timeout``
+        rather than ``io_timeout``; a tier that fails to open is an error for the caller.
+        """
         if self._closed:
             raise TieringError("this engine was closed; create a new one")
         if self._opened:
@@ -239,7 +246,13 @@ class TieringEngine:
         opened: list[SecondaryTier] = []
         try:
             for t in self.tiers:
-                await t.open()
+                try:
+                    async with asyncio.timeout(self.open_timeout):
+                        await t.open()
+                except TimeoutError:
+                    raise TieringError(
+                        f"tier {t.name!r} did not open within {self.open_timeout}s"
+                    ) from None
                 opened.append(t)
         except BaseException:
             for t in reversed(opened):
@@ -294,6 +307,7 @@ class TieringEngine:
         self._anon_promo.clear()
         self._pin_expiry.clear()
         self._index.clear()  # lookups after close take the slow path, which raises
+        self._table.unpin_all()
 
     def _check_open(self) -> None:
         if self._closed:

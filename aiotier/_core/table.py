@@ -29,7 +29,7 @@ class BlockTable:
         self.index: dict[bytes, int] = {}
         self.keys: list[bytes | None] = [None] * num_blocks
         self.state = bytearray(num_blocks)
-        self.pins = array("i", bytes(4 * num_blocks))
+        self.pins = array("i", [0]) * num_blocks
         # 1 when the slot's bytes are known to be in the first secondary tier unchanged, so a
         # write-back eviction can skip the write.
         self.clean = bytearray(num_blocks)
@@ -113,5 +113,6 @@ class BlockTable:
         if n == 0 and self.state[slot] == ORPHAN:
             self.release(slot)
 
-    def pinned_blocks(self) -> int:
-        return sum(1 for p in self.pins if p)
+    def unpin_all(self) -> None:
+        """Drop every pin (the engine closed: nobody can complete a load or store any more)."""
+        self.pins = array("i", bytes(self.pins.itemsize * len(self.pins)))

@@ -453,3 +453,10 @@ async def test_arc_engine_round_trips() -> None:
             assert await e.get(f"k{i // 2}") == block(i // 2)
         for i in range(10):
             assert await e.get(f"k{i}") == block(i)
+
+
+async def test_a_tier_that_hangs_at_open_is_a_clear_error() -> None:
+    tier = FaultyTier(MemoryTier(1 << 20)).hang("open")
+    e = TieringEngine(PrimaryTier(1, 8), [tier], open_timeout=0.05)
+    with pytest.raises(TieringError, match=r"did not open within 0\.05s"):
+        await e.open()
