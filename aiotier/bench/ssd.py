@@ -431,7 +431,7 @@ async def _open_case(root: str, blocks: int) -> Case:
     checksum = {}
     for size in (256 * KiB, MiB):
         buf = os.urandom(size)
-        n = max(50, (256 * MiB) // size)
+        n = max(50, (64 * MiB) // size)
         t0 = time.perf_counter()
         for _ in range(n):
             xxhash.xxh3_64_intdigest(buf)
@@ -453,17 +453,17 @@ async def run(quick: bool, io_threads: int | None = None) -> list[Case]:
     threads = io_threads if io_threads is not None else SSDTier(".", 1).io_threads
     base = os.environ.get("AIOTIER_BENCH_DIR") or None
     root = tempfile.mkdtemp(prefix="aiotier-bench-ssd-", dir=base)
-    rounds = 3 if quick else 7
+    rounds = 2 if quick else 7
     # The promotion runs need at least two batches of 64 (the primary holds one).
     promote = [(256 * KiB, 128 if quick else 1024), (MiB, 128 if quick else 512)]
-    demote = [(256 * KiB, 64 if quick else 1024), (MiB, 32 if quick else 256)]
+    demote = [(256 * KiB, 32 if quick else 1024), (MiB, 16 if quick else 256)]
     try:
         cases: list[Case] = []
         for block_size, blocks in promote:
             cases += await _promote_cases(root, block_size, blocks, rounds, threads)
         for block_size, blocks in demote:
             cases.append(await _demote_case(root, block_size, blocks, rounds))
-        cases.append(await _open_case(root, 5_000 if quick else 100_000))
+        cases.append(await _open_case(root, 2_000 if quick else 100_000))
         return cases
     finally:
         shutil.rmtree(root, ignore_errors=True)
