@@ -836,3 +836,23 @@ async def test_concurrent_writes_removes_and_evictions_keep_index_and_disk_in_st
         assert sum(p.stat().st_size for p in files) == u.bytes_used
         assert len(files) == u.blocks
         assert temp_files(root) == []
+
+
+async def test_batched_reads_with_missing_and_planted_files(
+    tier: SSDTier, root: Path, tmp_path: Path
+) -> None:
+    blocks = {f"k{i}".encode(): bytes([i]) * 5000 for i in range(6)}
+    assert await tier.write_many(list(blocks.items())) == [None] * 6
+    file_of(root, b"k1", 5000).unlink()  # gone behind the tier's back
+    planted = file_of(root, b"k2", 5000)
+    planted.unlink()
+    planted.symlink_to(tmp_path / "elsewhere")  # never followed
+    keys = list(blocks)
+    bufs = [memoryview(bytearray(5000)) for _ in keys]
+    out = await tier.read_many_into(keys, bufs)  # one hop: open + WILLNEED all, then read
+    assert out[0] == out[3] == out[4] == out[5] == 5000
+    assert out[1] == -1
+    assert isinstance(out[2], TierUnavailableError)
+    for i in (0, 3, 4, 5):
+        assert bytes(bufs[i]) == blocks[keys[i]]
+    assert await tier.lookup(b"k1") is LookupResult.MISS
