@@ -329,17 +329,22 @@ class TieringEngine:
             slot = self._index.get(key)  # type: ignore[arg-type]
         except TypeError:
             slot = None
-        if slot is not None and self._state[slot] == READY and exclude_tier is None:
+        if (
+            slot is not None
+            and self._state[slot] == READY
+            and exclude_tier is None
+            and (req is None or req.__class__ is RequestContext)
+        ):
             self._stats.primary_hit += 1
             return _HIT
         k = normalize_key(key)
         self._check_open()
         exclude = self._tier_index(exclude_tier)
+        rs = self._request(req)
         slot = self._index.get(k)  # a str key hits here
         if slot is not None and self._state[slot] == READY:
             self._stats.primary_hit += 1
             return _HIT
-        rs = self._request(req)
         results = await self._scan([k], rs, exclude, prefix=False)
         return results[0]
 
@@ -352,6 +357,8 @@ class TieringEngine:
         """
         if isinstance(keys, str | bytes):
             raise TypeError("keys must be a sequence of keys, not a single str or bytes key")
+        if req is not None and req.__class__ is not RequestContext:
+            self._request(req)  # raises, naming the type
         index = self._index
         state = self._state
         n = 0

@@ -460,3 +460,12 @@ async def test_a_tier_that_hangs_at_open_is_a_clear_error() -> None:
     e = TieringEngine(PrimaryTier(1, 8), [tier], open_timeout=0.05)
     with pytest.raises(TieringError, match=r"did not open within 0\.05s"):
         await e.open()
+
+
+async def test_a_wrong_request_type_is_refused_even_on_a_hit() -> None:
+    async with TieringEngine(PrimaryTier(2, 8)) as e:
+        assert await e.put("a", b"a")
+        with pytest.raises(TypeError, match="RequestContext"):
+            await e.lookup("a", "r1")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="RequestContext"):
+            await e.lookup_prefix(["a"], "r1")  # type: ignore[arg-type]
