@@ -1,0 +1,228 @@
+"""Review findings: races across awaits, pins, stale bytes, write-back queue, metrics.
+
+Tests marked xfail(strict=True) expose real engine bugs (the reason names it); unmarked tests
+pin down tricky behaviour that holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from aiotier import (
+    LookupResult,
+    MemoryTier,
+    PrimaryTier,
+    RequestContext,
+    TieringEngine,
+)
+from aiotier._core.table import READY
+from aiotier.testing import FaultyTier
+
+HIT, MISS, RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY
+R1, R2 = RequestContext("r1"), RequestContext("r2")
+
+
+def block(i: int, size: int = 64) -> bytes:
+    return bytes([i % 256]) * size
+
+
+async def seeded(n: int, name: str = "memory", capacity: int = 1 << 20) -> MemoryTier:
+    tier = MemoryTier(capacity, name=name)
+    for i in range(n):
+        await tier.write(b"k%d" % i, block(i))
+    return tier
+
+
+# ----------------------------------------------------------------------------- get() and pins
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a get() that joins a promotion started during its tier lookup takes an anonymous "
+    "RETRY pin (_start_promotion -> _primary_answer -> _hold ignores hold=False)",
+)
+async def test_concurrent_gets_leave_no_pin() -> None:
+    tier = FaultyTier(await seeded(1)).delay("lookup", 0.02)
+    async with TieringEngine(PrimaryTier(1, 64), [tier]) as e:
+        a, b = await asyncio.gather(e.get("k0"), e.get("k0"))
+        assert a == b == block(0)
+        # SPEC 4: get() holds its pin only while copying; a server with no scheduler never
+        # calls end_step, so a leftover anonymous pin would hold the slot forever
+        assert e.stats().pinned_blocks == 0
+        assert await e.put("x", b"x")
+
+
+async def test_get_of_block_below_holds_no_pin() -> None:
+    tier = FaultyTier(await seeded(1)).delay("read", 0.02)
+    async with TieringEngine(PrimaryTier(1, 64), [tier]) as e:
+        a, b = await asyncio.gather(e.get("k0"), e.get("k0"))
+        assert a == b == block(0)
+        assert e.stats().pinned_blocks == 0
+        assert tier.calls["read"] == 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="get() returns None when its freshly promoted (unpinned) block is evicted before "
+    "get() resumes, although the tier still holds the block",
+)
+async def test_get_survives_eviction_of_its_promoted_block() -> None:
+    tier = FaultyTier(await seeded(1)).delay("read", 0.02)
+    async with TieringEngine(PrimaryTier(1, 64), [tier]) as e:
+
+        async def evict_when_ready() -> None:
+            for _ in range(100_000):  # poll every loop iteration, bounded
+                if b"k0" in e._index and e._state[e._index[b"k0"]] == READY:
+                    break
+                await asyncio.sleep(0)
+            assert await e.put("x", b"x")  # k0 is unpinned: evicted (clean, still in the tier)
+
+        got, _ = await asyncio.gather(e.get("k0"), evict_when_ready())
+        assert got == block(0)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="prepare_store validates req only after allocating: a bad req raises TypeError "
+    "but leaves unowned PENDING slots (and evictions) behind",
+)
+async def test_prepare_store_with_bad_req_changes_nothing() -> None:
+    async with TieringEngine(PrimaryTier(2, 8)) as e:
+        assert await e.put("old", b"o")
+        with pytest.raises(TypeError, match="RequestContext"):
+            e.prepare_store(["a", "b"], "r1")  # type: ignore[arg-type]
+        assert set(e._index) == {b"old"}
+        assert e.stats().pinned_blocks == 0
+
+
+async def test_lookup_hit_with_bad_req_raises() -> None:
+    async with TieringEngine(PrimaryTier(2, 8)) as e:
+        assert await e.put("a", b"a")
+        with pytest.raises(TypeError, match="RequestContext"):
+            await e.lookup(b"a", "r1")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="RequestContext"):
+            await e.lookup_prefix([b"a"], "r1")  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- write-back queue
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="aclose's _write_down_primary skips a put block because contains_hint still sees "
+    "the old copy whose REMOVE is queued; the REMOVE then lands and the block is lost",
+)
+async def test_aclose_keeps_a_put_whose_old_copy_is_being_removed() -> None:
+    inner = await seeded(1)  # k0 = block(0) below
+    tier = FaultyTier(inner).delay("remove", 0.02)
+    e = TieringEngine(PrimaryTier(2, 64), [tier])
+    async with e:
+        assert await e.put("k0", b"new")  # queues REMOVE(k0) for the tier
+    # aclose writes down blocks that live only in the primary: k0 must survive the close
+    assert inner._data.get(b"k0") == b"new"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a put of a key whose demotion WRITE is still queued enqueues no REMOVE "
+    "(contains_hint is False until the write lands), so the old bytes land below and aclose "
+    "skips writing the new ones down",
+)
+async def test_put_over_a_queued_demotion_leaves_no_old_bytes_below() -> None:
+    inner = MemoryTier(1 << 20)
+    tier = FaultyTier(inner).delay("write", 0.02)
+    e = TieringEngine(PrimaryTier(1, 64), [tier])
+    async with e:
+        assert await e.put("k", b"v1")
+        assert await e.put("x", b"x")  # evicts k: WRITE(k, v1) queued
+        assert await e.put("k", b"v2")  # replaces k everywhere
+        await e.flush()
+        assert inner._data.get(b"k") != b"v1"  # SPEC: no tier ever returns the older bytes
+    assert inner._data.get(b"k") == b"v2"
+    async with TieringEngine(PrimaryTier(1, 64), [inner]) as e2:
+        assert await e2.get("k") == b"v2"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a memory tier's eviction handed over after a delete's REMOVE reached the tier "
+    "below re-writes the deleted block there (and into _demoting): delete does not stick",
+)
+async def test_delete_during_cascade_handover_does_not_resurrect() -> None:
+    m1 = MemoryTier(64, name="m1")  # room for one block
+    m2 = MemoryTier(1 << 20, name="m2")
+    await m1.write(b"k", b"old")
+    async with TieringEngine(PrimaryTier(1, 64), [m1, m2]) as e:
+        assert await e.put("x", block(1))
+        assert await e.put("y", block(2))  # evicts x: WRITE(x) to m1 will push k down to m2
+        await e.delete("k")
+        await e.flush()
+        await e.flush()
+        assert await e.get("k") is None
+        assert not m2.contains_hint(b"k")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a memory tier's eviction handed over after a put of the key writes the old bytes "
+    "to the tier below (no REMOVE was queued there), which serves them once the new copy fails "
+    "to write down",
+)
+async def test_put_during_cascade_handover_leaves_no_old_bytes_below() -> None:
+    m1 = FaultyTier(MemoryTier(64, name="m1"))  # room for one block
+    m2 = MemoryTier(1 << 20, name="m2")
+    await m1.inner.write(b"k", b"old")
+    async with TieringEngine(PrimaryTier(1, 64), [m1, m2]) as e:
+        assert await e.put("x", block(1))
+        assert await e.put("k", b"new")  # evicts x: WRITE(x) to m1 will push k(old) down
+        await e.flush()
+        await e.flush()
+        m1.fail("write")  # the new copy cannot be written down: lost, and counted
+        assert await e.put("z", block(3))  # evicts k (new)
+        await e.flush()
+        assert await e.get("k") != b"old"  # SPEC: no tier ever returns the older bytes
+
+
+# ----------------------------------------------------------------------------- lookup races
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a lookup that awaited the tier's lookup promotes the key although a put replaced "
+    "it meanwhile (_start_promotion re-checks only the index, not _demoting/_removing): "
+    "the old bytes come back",
+)
+async def test_put_while_lookup_awaits_tier_is_not_undone_by_promotion() -> None:
+    inner = await seeded(1)  # k0 = block(0) below
+    tier = FaultyTier(inner).delay("lookup", 0.05).delay("remove", 0.3)
+    async with TieringEngine(PrimaryTier(1, 64), [tier]) as e:
+        looking = asyncio.ensure_future(e.lookup("k0"))
+        await asyncio.sleep(0.01)  # the lookup is inside the tier's lookup
+        assert await e.put("k0", b"new")  # queues REMOVE(k0) below
+        assert await e.put("x", b"x")  # evicts k0 (new): on its way down
+        await looking
+        await e.wait(["k0"])
+        assert await e.get("k0") == b"new"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a lookup that awaited the tier's lookup promotes the key although a delete ran "
+    "meanwhile (its REMOVE still queued): the deleted block is back after delete returned",
+)
+async def test_delete_while_lookup_awaits_tier_sticks() -> None:
+    inner = await seeded(1)
+    tier = FaultyTier(inner).delay("lookup", 0.05).delay("remove", 0.2)
+    async with TieringEngine(PrimaryTier(2, 64), [tier]) as e:
+        looking = asyncio.ensure_future(e.lookup("k0"))
+        await asyncio.sleep(0.01)
+        await e.delete("k0")
+        await looking
+        await e.wait(["k0"])
+        assert await e.lookup("k0") is MISS
+        assert await e.get("k0") is None
