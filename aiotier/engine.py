@@ -201,6 +201,9 @@ class TieringEngine:
         self._demoting: dict[bytes, bytes] = {}  # bytes on their way down to a tier
         self._queues: list[deque[_Op]] = [deque() for _ in tiers]
         self._queue_wakeups: list[asyncio.Event] = []
+        # per tier, keys with a queued (or running) write / remove: lookups and write-downs
+        # consult these so that no older bytes are read or left behind
+        self._writing: list[Counter[bytes]] = [Counter() for _ in tiers]
         self._removing: list[Counter[bytes]] = [Counter() for _ in tiers]
         self._queued_bytes = 0
         # bytes copied out for write-back and not yet written: a demotion past this is dropped
@@ -293,7 +296,7 @@ class TieringEngine:
         if self._opened:
             if flush and self.write_policy == "write_back" and self.tiers:
                 self._write_down_primary()
-            await self._drain_queues(self.io_timeout * 2)
+            await self._drain_queues(self.io_timeout * 2, discard=True)
             for w in self._writers:
                 w.cancel()
             await asyncio.gather(*self._writers, return_exceptions=True)
@@ -418,9 +421,13 @@ class TieringEngine:
                 stats.primary_miss += 1
         if need:
             started = _now()
-            await self._consult_tiers(ks, need, results, rs, exclude, protected, prefix)
+            consulted, _ = await self._consult_tiers(
+                ks, need, results, rs, exclude, protected, prefix
+            )
             elapsed = _now() - started
-            if rs is not None:
+            if not consulted:
+                pass  # no secondary tier was asked: no sync delay to observe
+            elif rs is not None:
                 rs.add_sync(elapsed)
             else:
                 stats.sync_delays.append(elapsed)
@@ -431,7 +438,12 @@ class TieringEngine:
         return results
 
     def _primary_answer(
-        self, k: bytes, rs: RequestState | None, now: float, protected: Sequence[int] = ()
+        self,
+        k: bytes,
+        rs: RequestState | None,
+        now: float,
+        protected: Sequence[int] = (),
+        hold: bool = True,
     ) -> LookupResult | None:
         """The primary's answer for ``k``, or None when the tiers must be asked."""
         slot = self._index.get(k)
@@ -440,7 +452,8 @@ class TieringEngine:
             if st == READY:
                 return _HIT
             if st == PROMOTING:
-                self._hold(rs, k, slot)
+                if hold:
+                    self._hold(rs, k, slot)
                 return _RETRY
             # PENDING: a store in flight answers RETRY until its deadline
             return _RETRY if now < self._store_deadline.get(slot, 0.0) else _MISS
@@ -459,11 +472,13 @@ class TieringEngine:
         protected: list[int],
         prefix: bool,
         hold: bool = True,
-    ) -> list[tuple[int, int]]:
+    ) -> tuple[bool, list[tuple[int, int]]]:
         """Ask each tier, in order, about the keys nobody above it had; then start promotions.
 
-        Returns ``(position, tier)`` of blocks a tier has but the primary had no room for.
+        Returns whether any tier was asked, and ``(position, tier)`` of blocks a tier has but
+        the primary had no room for.
         """
+        consulted = False
         found: dict[int, list[int]] = {}  # tier -> positions in ks it will promote
         pending = need
         for ti, tier in enumerate(self.tiers):
@@ -472,6 +487,7 @@ class TieringEngine:
             ask = [i for i in pending if not self._skip(ti, ks[i])]
             if not ask:
                 continue
+            consulted = True
             try:
                 async with asyncio.timeout(self.promotion_timeout):
                     answers = await tier.lookup_many([ks[i] for i in ask])
@@ -497,7 +513,7 @@ class TieringEngine:
                     lookups[(tier.name, "miss")] += 1
             pending = [i for i in pending if i not in settled]
         if self._closed:
-            return []
+            return consulted, []
         if prefix and pending:
             # keys after the first key that no tier has cannot extend the prefix
             first_miss = pending[0]
@@ -506,7 +522,7 @@ class TieringEngine:
         for ti in sorted(found):
             for i in self._start_promotion(ti, ks, found[ti], results, rs, protected, hold):
                 unplaced.append((i, ti))
-        return unplaced
+        return consulted, unplaced
 
     def _skip(self, ti: int, k: bytes) -> bool:
         """True while ``k`` must not be read from tier ``ti``: backing off, or being removed."""
@@ -543,9 +559,13 @@ class TieringEngine:
         now = _now()
         for i in positions:
             k = ks[i]
-            if k in self._index or k in keys:
+            if self._skip(ti, k):
+                # a put or delete queued a remove while we awaited the tier: its answer is stale
+                results[i] = _MISS
+                continue
+            if k in self._index or k in keys or k in self._demoting:
                 # a concurrent lookup got there while this one awaited the tiers
-                answer = self._primary_answer(k, rs, now, protected)
+                answer = self._primary_answer(k, rs, now, protected, hold)
                 results[i] = answer if answer is not None else _MISS
                 continue
             keys.append(k)
@@ -629,11 +649,15 @@ class TieringEngine:
         table = self._table
         tier = self.tiers[ti]
         rec = self._inflight.get(k)
-        if length > self._arena.block_size or rec is None or rec.slot != slot:
-            # superseded by a put/delete meanwhile (slot is an orphan), or an impossible length
-            if rec is not None and rec.slot == slot:
-                self._stats.tier_errors[(tier.name, "read")] += 1
-                self._promotion_failed(ti, k, slot)
+        if rec is None or rec.slot != slot:
+            # superseded by a put or delete meanwhile: the slot is an orphan, the read is moot
+            self._stats.promotions[(tier.name, "cancelled")] += 1
+            table.unpin(slot)
+            return
+        if length > self._arena.block_size:
+            self._stats.tier_errors[(tier.name, "read")] += 1
+            self._stats.promotions[(tier.name, "error")] += 1
+            self._promotion_failed(ti, k, slot)
             table.unpin(slot)
             return
         self._arena.lengths[slot] = length
@@ -851,6 +875,7 @@ class TieringEngine:
         """Allocate primary blocks for the keys not yet present; None (nothing changed) if full."""
         ks = normalize_keys(keys)
         self._check_open()
+        rs = self._request(req) or self._anon
         new: list[bytes] = []
         seen: set[bytes] = set()
         protected: list[int] = []
@@ -870,7 +895,6 @@ class TieringEngine:
             return None
         slots, evicted = got
         evicted_keys = self._evicted(evicted)
-        rs = self._request(req) or self._anon
         deadline = _now() + self.promotion_timeout
         for k, slot in zip(new, slots, strict=True):
             # the storer holds a writable view: the slot stays its own until complete_store,
@@ -920,14 +944,14 @@ class TieringEngine:
             if self._state[slot] != PENDING or self._index.get(k) != slot:
                 self._table.unpin(slot)  # replaced or deleted meanwhile: the newer write wins
                 continue
+            self._table.unpin(slot)
             if success:
                 self._arena.lengths[slot] = n
                 self._state[slot] = READY
-                self._table.unpin(slot)
                 self._table.policy.touch(slot)
                 stored.append(k)
             else:
-                self._table.release(slot)
+                self._table.detach(slot)  # freed now, or when a waiting get lets go
             self._settle(k)
         if stored:
             self._events.append(BlockEvent(tuple(stored), self._pname, False))
@@ -1000,48 +1024,64 @@ class TieringEngine:
             return
         self._table.clean[slot] = 0
         for ti, tier in enumerate(self.tiers):
-            if tier.contains_hint(k) is not False:
+            if self._writing[ti][k] or tier.contains_hint(k) is not False:
                 self._enqueue(ti, _Op(_REMOVE, k))
 
     async def get(self, key: bytes | str, req: RequestContext | None = None) -> bytes | None:
-        """The block's bytes: from the primary, or promoted from a tier and awaited; else None."""
+        """The block's bytes: from the primary, or promoted from a tier and awaited; else None.
+
+        ``get`` counts as its own anonymous request for the metrics; it pins a block only while
+        it waits for it and copies it out.
+        """
         k = normalize_key(key)
         self._check_open()
-        slot = self._index.get(k)
-        if slot is not None and self._state[slot] == READY:
+        self._request(req)  # validates the type; a get is observed as its own request
+        data = self._copy_ready(k)
+        if data is not None:
             self._stats.primary_hit += 1
-            self._table.policy.touch(slot)
-            return self._arena.read(slot)
+            return data
         data = self._demoting.get(k)
         if data is not None:
             self._stats.primary_hit += 1
             self._readmit(k, data)
             return data
-        started = _now()
         rec = self._track(k)
         if rec is None:
             self._stats.primary_miss += 1
-            unplaced = await self._consult_tiers([k], [0], [_MISS], None, -1, [], False, False)
-            self._stats.sync_delays.append(_now() - started)
-            self._maybe_flush()
+            started = _now()
+            consulted, unplaced = await self._consult_tiers(
+                [k], [0], [_MISS], None, -1, [], False, False
+            )
+            if consulted:
+                self._stats.sync_delays.append(_now() - started)
+                self._maybe_flush()
             if unplaced:
                 return await self._read_around(k, unplaced[0][1])
-            if self._inflight.get(k) is None:
-                return None
+            rec = self._inflight.get(k)
+            if rec is None:  # nothing in flight: a concurrent call may have landed it meanwhile
+                return self._copy_ready(k) or self._demoting.get(k)
         else:
             self._stats.primary_retry += 1
-        deferred = _now()
-        with contextlib.suppress(TimeoutError):
-            await self.wait([k], timeout=self.promotion_timeout + 1.0)
-        self._stats.async_delays.append(_now() - deferred)
-        slot = self._index.get(k)
-        if slot is not None and self._state[slot] == READY:
-            self._table.pin(slot)
-            try:
+        slot = rec.slot
+        self._table.pin(slot)  # not evicted between landing and being copied out
+        try:
+            deferred = _now()
+            with contextlib.suppress(TimeoutError):
+                await self.wait([k], timeout=self.promotion_timeout + 1.0)
+            self._stats.async_delays.append(_now() - deferred)
+            if self._state[slot] == READY and self._table.keys[slot] == k:
                 return self._arena.read(slot)
-            finally:
-                self._table.unpin(slot)
-        return None
+            return self._copy_ready(k)  # replaced by a put meanwhile: the newer bytes
+        finally:
+            self._table.unpin(slot)
+
+    def _copy_ready(self, k: bytes) -> bytes | None:
+        """The bytes of ``k`` if it is loadable from the primary (marking it recently used)."""
+        slot = self._index.get(k)
+        if slot is None or self._state[slot] != READY:
+            return None
+        self._table.policy.touch(slot)
+        return self._arena.read(slot)
 
     async def _read_around(self, k: bytes, ti: int) -> bytes | None:
         """A block tier ``ti`` has but the primary has no room for: read it privately."""
@@ -1110,12 +1150,24 @@ class TieringEngine:
                 self._stats.tier_errors[(self.tiers[ti].name, "write")] += 1
                 return False
             self._queued_bytes += size
+            self._writing[ti][op.key] += 1
         else:
             self._removing[ti][op.key] += 1
         self._queues[ti].append(op)
         if self._queue_wakeups:
             self._queue_wakeups[ti].set()
         return True
+
+    def _dequeued(self, ti: int, op: _Op) -> None:
+        """Bookkeeping once a queued operation was applied (or dropped)."""
+        counter = self._writing[ti] if op.kind == _WRITE else self._removing[ti]
+        counter[op.key] -= 1
+        if counter[op.key] <= 0:
+            del counter[op.key]
+        if op.kind == _WRITE:
+            self._queued_bytes -= len(op.data or b"")
+            if op.demotion and self._demoting.get(op.key) is op.data:
+                del self._demoting[op.key]  # it is below now (or lost, and counted)
 
     async def _writer(self, ti: int) -> None:
         """Apply tier ``ti``'s queued writes and removes in order, batching neighbours."""
@@ -1136,8 +1188,8 @@ class TieringEngine:
                 else:
                     await self._apply_removes(ti, batch)
             finally:
-                if kind == _WRITE:
-                    self._queued_bytes -= sum(len(op.data or b"") for op in batch)
+                for op in batch:
+                    self._dequeued(ti, op)
 
     async def _apply_writes(self, ti: int, batch: list[_Op]) -> None:
         tier = self.tiers[ti]
@@ -1156,13 +1208,13 @@ class TieringEngine:
                 written.append(op.key)
             else:
                 self._stats.tier_errors[(tier.name, "write")] += 1
-            if op.demotion and self._demoting.get(op.key) is op.data:
-                del self._demoting[op.key]
         if written:
             self._events.append(BlockEvent(tuple(written), tier.name, False))
         if tier.handover_evicted:
             handed = tier.take_evicted()
             for k, data in handed:
+                if self._removing[ti][k]:
+                    continue  # deleted or replaced since it was written here: stale bytes
                 if self._enqueue(ti + 1, _Op(_WRITE, k, data, demotion=True)):
                     self._demoting[k] = data
             if handed:
@@ -1178,13 +1230,9 @@ class TieringEngine:
                 raise TieringError(f"tier {tier.name!r} answered {len(answers)} of {len(keys)}")
         except Exception as exc:
             answers = [exc] * len(keys)
-        counter = self._removing[ti]
         for op, answer in zip(batch, answers, strict=True):
             if isinstance(answer, Exception):
                 self._stats.tier_errors[(tier.name, "remove")] += 1
-            counter[op.key] -= 1
-            if counter[op.key] <= 0:
-                del counter[op.key]
             if op.done is not None and not op.done.done():
                 op.done.set_result(answer is True)
 
@@ -1201,29 +1249,43 @@ class TieringEngine:
             if self._state[slot] != READY:
                 continue
             hint = target.contains_hint(k)
-            if hint or (ti == 0 and table.clean[slot] and hint is None):
+            held = hint or (ti == 0 and table.clean[slot] and hint is None)
+            if held and not self._removing[ti][k]:  # a queued remove will take that copy away
                 continue
-            data = self._arena.read(slot)
-            self._queued_bytes += len(data)
-            self._queues[ti].append(_Op(_WRITE, k, data))
-            self._queue_wakeups[ti].set()
+            self._enqueue(ti, _Op(_WRITE, k, self._arena.read(slot)))
 
-    async def _drain_queues(self, timeout: float) -> None:
+    async def _drain_queues(self, timeout: float, *, discard: bool) -> None:
+        """Await every queued write and remove; past ``timeout`` drop them (and count them)
+        when ``discard``, else raise ``TimeoutError`` leaving them queued."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while any(self._queues) or self._queued_bytes > 0 or any(self._removing):
+        pause = 0.0005
+        while any(self._queues) or any(self._writing) or any(self._removing):
             if loop.time() >= deadline:
+                if not discard:
+                    queued = sum(len(q) for q in self._queues)
+                    raise TimeoutError(f"{queued} tier operations still queued after {timeout}s")
                 for ti, q in enumerate(self._queues):
-                    if q:
-                        self._stats.tier_errors[(self.tiers[ti].name, "write")] += len(q)
-                        q.clear()
+                    while q:
+                        op = q.popleft()
+                        op_name = "write" if op.kind == _WRITE else "remove"
+                        self._stats.tier_errors[(self.tiers[ti].name, op_name)] += 1
+                        if op.done is not None and not op.done.done():
+                            op.done.set_result(False)
+                        self._dequeued(ti, op)
                 return
-            await asyncio.sleep(0.001)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.01)
 
     async def flush(self, timeout: float | None = None) -> None:
-        """Await until every queued write and remove has reached its tier."""
+        """Await until every queued write and remove has reached its tier.
+
+        Raises ``TimeoutError`` (nothing is dropped) when ``timeout`` passes first.
+        """
         self._check_open()
-        await self._drain_queues(timeout if timeout is not None else self.io_timeout * 2)
+        await self._drain_queues(
+            timeout if timeout is not None else self.io_timeout * 2, discard=False
+        )
 
     # ------------------------------------------------------------------ step boundary
 
@@ -1286,11 +1348,10 @@ class TieringEngine:
         rs.load_pins.clear()
         for k, slot in rs.stores.items():
             self._store_deadline.pop(slot, None)
+            self._table.unpin(slot)  # an orphan (replaced meanwhile) is freed with its last pin
             if self._state[slot] == PENDING and self._index.get(k) == slot:
-                self._table.release(slot)
+                self._table.detach(slot)
                 self._settle(k)
-            else:
-                self._table.unpin(slot)  # an orphan: freed with its last pin
         rs.stores.clear()
 
     def _flush_metrics(self) -> None:
