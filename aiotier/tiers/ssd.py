@@ -670,13 +670,18 @@ class SSDTier(SecondaryTier):
             log.info(
                 "ssd tier %r: removed %d temporaries, %d torn files, %d stale duplicates, "
                 "%d blocks over budget",
-                self.name, res.scan.temporaries, res.scan.torn, res.scan.duplicates,
+                self.name,
+                res.scan.temporaries,
+                res.scan.torn,
+                res.scan.duplicates,
                 res.scan.evicted,
             )
         if res.scan.foreign:
             log.warning(
                 "ssd tier %r: ignoring %d foreign entries under %s",
-                self.name, res.scan.foreign, self.path,
+                self.name,
+                res.scan.foreign,
+                self.path,
             )
 
     async def aclose(self) -> None:
@@ -690,8 +695,11 @@ class SSDTier(SecondaryTier):
             try:
                 await asyncio.wait_for(self._idle.wait(), _CANCEL_GRACE)
             except TimeoutError:
-                log.error("ssd tier %r: disk work still running after %ss; closing anyway",
-                          self.name, _CANCEL_GRACE)
+                log.error(
+                    "ssd tier %r: disk work still running after %ss; closing anyway",
+                    self.name,
+                    _CANCEL_GRACE,
+                )
         self._open = False
         executor, self._executor = self._executor, None
         lock_fd, self._lock_fd = self._lock_fd, None
@@ -1015,7 +1023,16 @@ class SSDTier(SecondaryTier):
         tmp = f"{final.rpartition('/')[0]}/{TMP_PREFIX}{digest.hex()}-{self._tmp_seq:x}"
         old_path = None if old is None or old == size else self._path(digest, old)
         op = _WriteOp(
-            self, key, digest, size, view, final, tmp, old_path, unlink, self.handover_evicted,
+            self,
+            key,
+            digest,
+            size,
+            view,
+            final,
+            tmp,
+            old_path,
+            unlink,
+            self.handover_evicted,
             self._next_stamp(),
         )
         op.leaving = leaving
@@ -1183,7 +1200,15 @@ class SSDTier(SecondaryTier):
 
 class _ReadOp(_Op):
     __slots__ = (
-        "buf", "digest", "fd", "key", "open_error", "path", "payload_len", "size", "tier",
+        "buf",
+        "digest",
+        "fd",
+        "key",
+        "open_error",
+        "path",
+        "payload_len",
+        "size",
+        "tier",
         "writes_seen",
     )
 
@@ -1235,8 +1260,19 @@ class _ReadOp(_Op):
 
 class _WriteOp(_Op):
     __slots__ = (
-        "data", "digest", "final", "handover", "key", "leaving", "old_path", "size", "skip",
-        "stamp", "tier", "tmp", "unlink",
+        "data",
+        "digest",
+        "final",
+        "handover",
+        "key",
+        "leaving",
+        "old_path",
+        "size",
+        "skip",
+        "stamp",
+        "tier",
+        "tmp",
+        "unlink",
     )
 
     def __init__(
@@ -1328,9 +1364,7 @@ class _WriteOp(_Op):
 class _UnlinkOp(_Op):
     __slots__ = ("digest", "path", "then", "tier")
 
-    def __init__(
-        self, tier: SSDTier, path: str, digest: bytes, *, then: _Op | None = None
-    ) -> None:
+    def __init__(self, tier: SSDTier, path: str, digest: bytes, *, then: _Op | None = None) -> None:
         super().__init__(0)
         self.tier = tier
         self.path = path
@@ -1392,4 +1426,3 @@ def _byte_view(data: bytes | bytearray | memoryview) -> memoryview:
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
     return view
-

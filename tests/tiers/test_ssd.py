@@ -541,7 +541,12 @@ async def test_eviction_follows_exact_lru_order(root: Path) -> None:
         await read(t, b"k0")  # k1 is now the least recent
         await t.write(b"k5", b"y" * 100)
         assert [t.contains_hint(f"k{i}".encode()) for i in range(6)] == [
-            True, False, True, True, True, True,
+            True,
+            False,
+            True,
+            True,
+            True,
+            True,
         ]
         await t.write(b"k6", b"y" * 100)
         assert not t.contains_hint(b"k2")
