@@ -6,6 +6,7 @@ pin down tricky behaviour that holds.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 
@@ -131,6 +132,25 @@ async def test_lookup_hit_with_bad_req_raises() -> None:
             await e.lookup(b"a", "r1")  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="RequestContext"):
             await e.lookup_prefix([b"a"], "r1")  # type: ignore[arg-type]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="put of a bytes-like whose items are not bytes (memoryview of array('I')) checks "
+    "nbytes, allocates and evicts, then Arena.write raises: the key stays installed holding the "
+    "evicted block's bytes",
+)
+async def test_put_of_a_wide_memoryview_stores_its_bytes_or_changes_nothing() -> None:
+    wide = memoryview(array.array("I", [1, 2]))  # 8 bytes, 2 items
+    async with TieringEngine(PrimaryTier(1, 16)) as e:
+        assert await e.put("old", b"o" * 16)
+        try:
+            stored = await e.put("k", wide)
+        except (TypeError, ValueError):
+            stored = False
+            assert set(e._index) == {b"old"}  # a clear error, nothing changed
+        got = await e.get("k")
+        assert got == (wide.tobytes() if stored else None)
 
 
 # ----------------------------------------------------------------------------- write-back queue
