@@ -114,6 +114,41 @@ async def test_get_with_a_request_leaves_no_request_state() -> None:
         assert len(e._requests) == 0
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="a request finished (end_step) while its lookup awaited a tier: the lookup then pins "
+    "the promoted block on the forgotten RequestState, held until pin_steps expire",
+)
+async def test_request_finished_during_its_lookup_keeps_no_pin() -> None:
+    tier = FaultyTier(await seeded(1)).delay("lookup", 0.05)
+    async with TieringEngine(PrimaryTier(2, 64), [tier], pin_steps=1000) as e:
+        looking = asyncio.ensure_future(e.lookup("k0", R1))
+        await asyncio.sleep(0.01)  # inside the tier's lookup
+        e.end_step(finished_req_ids=["r1"])
+        assert await looking is RETRY
+        assert await e.wait(["k0"]) == [HIT]
+        e.end_step(finished_req_ids=["r1"])
+        assert e.stats().pinned_blocks == 0  # SPEC 6: a request that finishes releases its pins
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a request admitted (end_step new_req_ids) while its lookup awaited a tier is "
+    "forgotten; the lookup's sync delay lands on the dropped RequestState and is never observed",
+)
+async def test_sync_delay_of_a_lookup_spanning_end_step_is_observed(probe: MetricsProbe) -> None:
+    provider = MeterProvider(metric_readers=[probe.reader])
+    tier = FaultyTier(MemoryTier(1 << 20)).delay("lookup", 0.05)
+    async with TieringEngine(PrimaryTier(2, 64), [tier], meter_provider=provider) as e:
+        looking = asyncio.ensure_future(e.lookup("nope", R1))
+        await asyncio.sleep(0.01)
+        e.end_step(new_req_ids=["r1"])
+        assert await looking is MISS
+        e.end_step(finished_req_ids=["r1"])
+        assert probe.count("aiotier_lookup_sync_delay_seconds") == 1
+    provider.shutdown()
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
