@@ -205,6 +205,9 @@ class TieringEngine:
         # consult these so that no older bytes are read or left behind
         self._writing: list[Counter[bytes]] = [Counter() for _ in tiers]
         self._removing: list[Counter[bytes]] = [Counter() for _ in tiers]
+        # per tier, keys whose last write or remove there failed: the tier may hold older
+        # bytes, so it is not read for them until a later write or remove succeeds
+        self._stale: list[set[bytes]] = [set() for _ in tiers]
         self._queued_bytes = 0
         # bytes copied out for write-back and not yet written: a demotion past this is dropped
         self._max_queued_bytes = max_pending_write_bytes
@@ -290,7 +293,9 @@ class TieringEngine:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=self.io_timeout)
-        for key in list(self._inflight):
+        for key, rec in list(self._inflight.items()):
+            if rec.tier >= 0:  # its task was cancelled before it could count itself
+                self._stats.promotions[(self.tiers[rec.tier].name, "cancelled")] += 1
             self._settle(key)
         self._promoting = 0  # a task cancelled before its first step never ran its cleanup
         if self._opened:
@@ -360,8 +365,10 @@ class TieringEngine:
         """
         if isinstance(keys, str | bytes):
             raise TypeError("keys must be a sequence of keys, not a single str or bytes key")
+        if keys.__class__ is not list and keys.__class__ is not tuple:
+            keys = list(keys)  # an iterator is read once, by both paths below
         if req is not None and req.__class__ is not RequestContext:
-            self._request(req)  # raises, naming the type
+            _check_req(req)
         index = self._index
         state = self._state
         n = 0
@@ -421,10 +428,20 @@ class TieringEngine:
                 stats.primary_miss += 1
         if need:
             started = _now()
-            consulted, _ = await self._consult_tiers(
-                ks, need, results, rs, exclude, protected, prefix
-            )
+            if rs is not None:
+                rs.busy += 1  # end_step must not forget a request whose lookup is suspended
+            try:
+                consulted, _ = await self._consult_tiers(
+                    ks, need, results, rs, exclude, protected, prefix
+                )
+            finally:
+                if rs is not None:
+                    rs.busy -= 1
             elapsed = _now() - started
+            for i, r in enumerate(results):
+                # HITs were sampled before the await: a concurrent store may have evicted one
+                if r is _HIT and self._settled_answer(ks[i]) is not _HIT:
+                    results[i] = _MISS
             if not consulted:
                 pass  # no secondary tier was asked: no sync delay to observe
             elif rs is not None:
@@ -524,9 +541,20 @@ class TieringEngine:
                 unplaced.append((i, ti))
         return consulted, unplaced
 
+    def _hint(self, ti: int, k: bytes) -> bool | None:
+        """The tier's ``contains_hint``, never raising (a fault is counted and means unknown)."""
+        if k in self._stale[ti]:
+            return None
+        try:
+            return self.tiers[ti].contains_hint(k)
+        except Exception:
+            self._stats.tier_errors[(self.tiers[ti].name, "hint")] += 1
+            return None
+
     def _skip(self, ti: int, k: bytes) -> bool:
-        """True while ``k`` must not be read from tier ``ti``: backing off, or being removed."""
-        if self._removing[ti][k]:
+        """True while ``k`` must not be read from tier ``ti``: backing off, being removed, or
+        possibly stale there."""
+        if self._removing[ti][k] or k in self._stale[ti]:
             return True
         until = self._backoff.get((ti, k))
         if until is None:
@@ -900,6 +928,9 @@ class TieringEngine:
             # the storer holds a writable view: the slot stays its own until complete_store,
             # even if a put or delete of the key replaces it meanwhile
             self._table.pin(slot)
+            old = rs.stores.get(k)
+            if old is not None:  # prepared again after a put/delete replaced the first one
+                rs.stale_stores.setdefault(k, []).append(old)
             rs.stores[k] = slot
             self._store_deadline[slot] = deadline
         arena = self._arena
@@ -932,13 +963,20 @@ class TieringEngine:
         if len(set(ks)) != len(ks):
             raise ValueError("complete_store was given the same key twice")
         for k in ks:
-            if k not in rs.stores:
+            if k not in rs.stores and not rs.stale_stores.get(k):
                 raise ValueError(
                     f"complete_store of block {k[:64]!r} that request {rs.req_id!r} "
                     "did not prepare (or already completed)"
                 )
         stored: list[bytes] = []
         for k, n in zip(ks, lengths, strict=True):
+            stale = rs.stale_stores.get(k)
+            if stale:
+                # completes the oldest prepare of the key, which a put or delete superseded
+                self._table.unpin(stale.pop(0))
+                if not stale:
+                    del rs.stale_stores[k]
+                continue
             slot = rs.stores.pop(k)
             self._store_deadline.pop(slot, None)
             if self._state[slot] != PENDING or self._index.get(k) != slot:
@@ -963,7 +1001,11 @@ class TieringEngine:
         k = normalize_key(key)
         if not isinstance(data, bytes | bytearray | memoryview):
             raise TypeError(f"data must be bytes-like, got {type(data).__name__}")
-        n = memoryview(data).nbytes
+        try:
+            data = memoryview(data).cast("B")  # any item size or shape, as its raw bytes
+        except TypeError:
+            raise TypeError(f"data for block {k[:64]!r} must be C-contiguous") from None
+        n = data.nbytes
         bs = self._arena.block_size
         if n > bs:
             raise ValueError(f"data for block {k[:64]!r} is {n} bytes, block_size is {bs}")
@@ -1023,8 +1065,8 @@ class TieringEngine:
             self._table.clean[slot] = 1
             return
         self._table.clean[slot] = 0
-        for ti, tier in enumerate(self.tiers):
-            if self._writing[ti][k] or tier.contains_hint(k) is not False:
+        for ti in range(len(self.tiers)):
+            if self._writing[ti][k] or self._hint(ti, k) is not False:
                 self._enqueue(ti, _Op(_REMOVE, k))
 
     async def get(self, key: bytes | str, req: RequestContext | None = None) -> bytes | None:
@@ -1035,7 +1077,7 @@ class TieringEngine:
         """
         k = normalize_key(key)
         self._check_open()
-        self._request(req)  # validates the type; a get is observed as its own request
+        _check_req(req)  # a get is observed as its own anonymous request: no state kept
         data = self._copy_ready(k)
         if data is not None:
             self._stats.primary_hit += 1
@@ -1045,24 +1087,31 @@ class TieringEngine:
             self._stats.primary_hit += 1
             self._readmit(k, data)
             return data
-        rec = self._track(k)
-        if rec is None:
-            self._stats.primary_miss += 1
-            started = _now()
-            consulted, unplaced = await self._consult_tiers(
-                [k], [0], [_MISS], None, -1, [], False, False
-            )
-            if consulted:
-                self._stats.sync_delays.append(_now() - started)
-                self._maybe_flush()
-            if unplaced:
-                return await self._read_around(k, unplaced[0][1])
-            rec = self._inflight.get(k)
-            if rec is None:  # nothing in flight: a concurrent call may have landed it meanwhile
-                return self._copy_ready(k) or self._demoting.get(k)
-        else:
-            self._stats.primary_retry += 1
-        slot = rec.slot
+        for _attempt in range(2):  # a second look if the block moved down while promoting
+            rec = self._track(k)
+            if rec is None:
+                self._stats.primary_miss += 1
+                started = _now()
+                consulted, unplaced = await self._consult_tiers(
+                    [k], [0], [_MISS], None, -1, [], False, False
+                )
+                if consulted:
+                    self._stats.sync_delays.append(_now() - started)
+                    self._maybe_flush()
+                if unplaced:
+                    return await self._read_around(k, unplaced[0][1])
+                rec = self._inflight.get(k)
+                if rec is None:  # nothing in flight: a concurrent call may have landed it
+                    return self._copy_ready(k) or self._demoting.get(k)
+            else:
+                self._stats.primary_retry += 1
+            data = await self._await_block(k, rec.slot)
+            if data is not None or self._closed:
+                return data
+        return None
+
+    async def _await_block(self, k: bytes, slot: int) -> bytes | None:
+        """Wait for the block in flight in ``slot`` and copy it out (pinned meanwhile)."""
         self._table.pin(slot)  # not evicted between landing and being copied out
         try:
             deferred = _now()
@@ -1071,9 +1120,11 @@ class TieringEngine:
             self._stats.async_delays.append(_now() - deferred)
             if self._state[slot] == READY and self._table.keys[slot] == k:
                 return self._arena.read(slot)
-            return self._copy_ready(k)  # replaced by a put meanwhile: the newer bytes
+            # replaced by a put meanwhile (the newer bytes), or pushed down while promoting
+            return self._copy_ready(k) or self._demoting.get(k)
         finally:
-            self._table.unpin(slot)
+            if not self._closed:  # aclose dropped every pin already
+                self._table.unpin(slot)
 
     def _copy_ready(self, k: bytes) -> bytes | None:
         """The bytes of ``k`` if it is loadable from the primary (marking it recently used)."""
@@ -1132,9 +1183,8 @@ class TieringEngine:
         self._stats.evictions[self._pname] += len(evicted)
         self._events.append(BlockEvent(tuple(keys), self._pname, True))
         if self.write_policy == "write_back" and self.tiers:
-            first = self.tiers[0]
             for k, slot, clean in evicted:
-                if clean and first.contains_hint(k) is not False:
+                if clean and not self._removing[0][k] and self._hint(0, k) is not False:
                     continue
                 data = self._arena.read(slot)
                 if self._enqueue(0, _Op(_WRITE, k, data, demotion=True)):
@@ -1202,12 +1252,15 @@ class TieringEngine:
         except Exception as exc:
             errors = [exc] * len(items)
         written: list[bytes] = []
+        stale = self._stale[ti]
         for op, err in zip(batch, errors, strict=True):
             if err is None:
                 self._stats.write_bytes[tier.name] += len(op.data or b"")
                 written.append(op.key)
+                stale.discard(op.key)
             else:
                 self._stats.tier_errors[(tier.name, "write")] += 1
+                stale.add(op.key)  # an older copy may still be there
         if written:
             self._events.append(BlockEvent(tuple(written), tier.name, False))
         if tier.handover_evicted:
@@ -1230,9 +1283,13 @@ class TieringEngine:
                 raise TieringError(f"tier {tier.name!r} answered {len(answers)} of {len(keys)}")
         except Exception as exc:
             answers = [exc] * len(keys)
+        stale = self._stale[ti]
         for op, answer in zip(batch, answers, strict=True):
             if isinstance(answer, Exception):
                 self._stats.tier_errors[(tier.name, "remove")] += 1
+                stale.add(op.key)  # the copy meant to go may still be there
+            else:
+                stale.discard(op.key)
             if op.done is not None and not op.done.done():
                 op.done.set_result(answer is True)
 
@@ -1243,12 +1300,11 @@ class TieringEngine:
         copies everywhere, so a copy below is always the same bytes.
         """
         ti = next((i for i, t in enumerate(self.tiers) if t.persistent), 0)
-        target = self.tiers[ti]
         table = self._table
         for k, slot in list(self._index.items()):
             if self._state[slot] != READY:
                 continue
-            hint = target.contains_hint(k)
+            hint = self._hint(ti, k)
             held = hint or (ti == 0 and table.clean[slot] and hint is None)
             if held and not self._removing[ti][k]:  # a queued remove will take that copy away
                 continue
@@ -1353,6 +1409,10 @@ class TieringEngine:
                 self._table.detach(slot)
                 self._settle(k)
         rs.stores.clear()
+        for slots in rs.stale_stores.values():
+            for slot in slots:
+                self._table.unpin(slot)
+        rs.stale_stores.clear()
 
     def _flush_metrics(self) -> None:
         stats = self._stats
@@ -1413,8 +1473,7 @@ class TieringEngine:
     def _request(self, req: RequestContext | None) -> RequestState | None:
         if req is None:
             return None
-        if not isinstance(req, RequestContext):
-            raise TypeError(f"req must be a RequestContext or None, got {type(req).__name__}")
+        _check_req(req)
         rs = self._requests.get(req.req_id)
         if rs is None:
             rs = self._requests[req.req_id] = RequestState(req.req_id)
@@ -1431,6 +1490,11 @@ class TieringEngine:
 
 _STATE_NAMES: Final = {0: "free", PENDING: "store pending", PROMOTING: "being promoted",
                        READY: "ready", ORPHAN: "replaced"}  # fmt: skip
+
+
+def _check_req(req: object) -> None:
+    if req is not None and not isinstance(req, RequestContext):
+        raise TypeError(f"req must be a RequestContext or None, got {type(req).__name__}")
 
 
 def _consume(fut: asyncio.Future[Any]) -> None:

@@ -17,6 +17,7 @@ class RequestState:
     """
 
     req_id: str
+    busy: int = 0  # lookups of this request suspended in a tier right now
     sync_delay: float = 0.0
     has_sync: bool = False
     deferred_at: float | None = None
@@ -26,6 +27,10 @@ class RequestState:
     load_pins: dict[bytes, list[int]] = field(default_factory=dict)
     # key -> slot prepared by prepare_store and not completed yet
     stores: dict[bytes, int] = field(default_factory=dict)
+    # slots of earlier prepare_stores of a key prepared again before completing (oldest first):
+    # the storer may still write them, so each stays pinned until the complete_store that
+    # matches it (complete_stores of a key match its prepares in order) or the request ends
+    stale_stores: dict[bytes, list[int]] = field(default_factory=dict)
 
     def add_sync(self, seconds: float) -> None:
         self.sync_delay += seconds
@@ -45,4 +50,6 @@ class RequestState:
         return sync, deferred
 
     def holds_anything(self) -> bool:
-        return bool(self.promo_pins or self.load_pins or self.stores)
+        return bool(
+            self.busy or self.promo_pins or self.load_pins or self.stores or self.stale_stores
+        )

@@ -24,19 +24,23 @@ class MemoryTier(SecondaryTier):
         super().__init__(name)
         self._budget = ByteBudgetLRU(capacity_bytes)
         self._data: dict[bytes, bytes] = {}
-        self._evicted: list[tuple[bytes, bytes]] = []
+        # evicted while the engine wants them handed down: still found here until taken
+        self._evicted: dict[bytes, bytes] = {}
 
     async def lookup(self, key: bytes) -> LookupResult:
-        return LookupResult.HIT if key in self._data else LookupResult.MISS
+        return LookupResult.HIT if self.contains_hint(key) else LookupResult.MISS
 
     async def lookup_many(self, keys: Sequence[bytes]) -> list[LookupResult]:
-        data = self._data
-        return [LookupResult.HIT if k in data else LookupResult.MISS for k in keys]
+        data, evicted = self._data, self._evicted
+        hit, miss = LookupResult.HIT, LookupResult.MISS
+        return [hit if k in data or k in evicted else miss for k in keys]
 
     async def read_into(self, key: bytes, buf: memoryview) -> int:
         data = self._data.get(key)
         if data is None:
-            return -1
+            data = self._evicted.get(key)
+            if data is None:
+                return -1
         n = len(data)
         if n > len(buf):
             raise ValueError(
@@ -52,19 +56,22 @@ class MemoryTier(SecondaryTier):
             old = self._data.pop(victim)
             self.evictions += 1
             if self.handover_evicted:
-                self._evicted.append((victim, old))
+                self._evicted[victim] = old
+        self._evicted.pop(key, None)  # the new version supersedes one awaiting hand-over
         self._data[key] = blob
 
     async def remove(self, key: bytes) -> bool:
         self._budget.discard(key)
-        return self._data.pop(key, None) is not None
+        handed = self._evicted.pop(key, None) is not None
+        return self._data.pop(key, None) is not None or handed
 
     def contains_hint(self, key: bytes) -> bool | None:
-        return key in self._data
+        return key in self._data or key in self._evicted
 
     def usage(self) -> TierUsage:
         return TierUsage(len(self._data), self._budget.used, self._budget.capacity)
 
     def take_evicted(self) -> list[tuple[bytes, bytes]]:
-        out, self._evicted = self._evicted, []
+        out = list(self._evicted.items())
+        self._evicted.clear()
         return out
