@@ -80,11 +80,6 @@ async def test_get_survives_eviction_of_its_promoted_block() -> None:
         assert got == block(0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="prepare_store of a key whose earlier pending store by the same request was "
-    "replaced overwrites rs.stores[key]: the old (orphan) slot's storer pin is never released",
-)
 async def test_re_prepared_store_after_a_put_leaks_no_pin() -> None:
     async with TieringEngine(PrimaryTier(3, 8)) as e:
         assert e.prepare_store(["k"], R1) is not None
@@ -99,11 +94,6 @@ async def test_re_prepared_store_after_a_put_leaks_no_pin() -> None:
             assert await e.put(f"x{i}", b"x")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="regression in 42d4d3b: get(key, req) validates req with _request(), which registers "
-    "a RequestState that nothing ever uses or forgets: a cache server leaks one per request",
-)
 async def test_get_with_a_request_leaves_no_request_state() -> None:
     async with TieringEngine(PrimaryTier(2, 8)) as e:
         assert await e.put("a", b"a")
@@ -131,11 +121,6 @@ async def test_request_finished_during_its_lookup_keeps_no_pin() -> None:
         assert e.stats().pinned_blocks == 0  # SPEC 6: a request that finishes releases its pins
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a request admitted (end_step new_req_ids) while its lookup awaited a tier is "
-    "forgotten; the lookup's sync delay lands on the dropped RequestState and is never observed",
-)
 async def test_sync_delay_of_a_lookup_spanning_end_step_is_observed(probe: MetricsProbe) -> None:
     provider = MeterProvider(metric_readers=[probe.reader])
     tier = FaultyTier(MemoryTier(1 << 20)).delay("lookup", 0.05)
@@ -207,12 +192,6 @@ async def test_lookup_hit_with_bad_req_raises() -> None:
             await e.lookup_prefix([b"a"], "r1")  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="put of a bytes-like whose items are not bytes (memoryview of array('I')) checks "
-    "nbytes, allocates and evicts, then Arena.write raises: the key stays installed holding the "
-    "evicted block's bytes",
-)
 async def test_put_of_a_wide_memoryview_stores_its_bytes_or_changes_nothing() -> None:
     wide = memoryview(array.array("I", [1, 2]))  # 8 bytes, 2 items
     async with TieringEngine(PrimaryTier(1, 16)) as e:
@@ -226,11 +205,6 @@ async def test_put_of_a_wide_memoryview_stores_its_bytes_or_changes_nothing() ->
         assert got == (wide.tobytes() if stored else None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lookup_prefix's all-HIT fast path consumes an iterator of keys, then the slow path "
-    "normalises only what is left: a wrong count instead of the answer or a TypeError",
-)
 async def test_lookup_prefix_of_an_iterator_answers_or_refuses() -> None:
     async with TieringEngine(PrimaryTier(4, 8)) as e:
         assert await e.put("a", b"a")
@@ -299,11 +273,6 @@ async def test_put_during_cascade_handover_leaves_no_old_bytes_below() -> None:
         assert await e.get("k") != b"old"  # SPEC: no tier ever returns the older bytes
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a block a memory tier evicts inside a write batch is in no tier and not in "
-    "_demoting until the whole batch ends: get() answers None for a block on its way down",
-)
 async def test_block_on_its_way_down_between_secondary_tiers_is_found() -> None:
     m1 = FaultyTier(MemoryTier(64, name="m1")).delay("write", 0.05)  # one block
     m2 = MemoryTier(1 << 20, name="m2")
@@ -316,11 +285,6 @@ async def test_block_on_its_way_down_between_secondary_tiers_is_found() -> None:
         assert await e.get("k") == b"kept"  # SPEC 4: on its way down, never None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a promotion whose own eviction's write-back pushes the key from m1 down to m2 "
-    "reads -1 from m1 and gives up: get() answers None for a block that is on its way down",
-)
 async def test_get_whose_promotion_pushes_the_block_down_still_returns_it() -> None:
     m1 = FaultyTier(MemoryTier(64, name="m1")).delay("read", 0.05)  # one block
     m2 = MemoryTier(1 << 20, name="m2")
@@ -445,11 +409,6 @@ async def test_promotion_outcomes_and_lookup_counts(probe: MetricsProbe) -> None
 # ---------------------------------------------------------------------- failed tier mutations
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a put whose REMOVE of the old copy fails leaves that copy readable: once the new "
-    "block leaves the primary (policy none) the tier serves the older bytes",
-)
 async def test_failed_remove_after_put_never_serves_older_bytes() -> None:
     inner = await seeded(1)  # k0 = block(0) below
     tier = FaultyTier(inner).fail("remove")
@@ -460,11 +419,6 @@ async def test_failed_remove_after_put_never_serves_older_bytes() -> None:
         assert await e.get("k0") != block(0)  # SPEC: no tier ever returns the older bytes
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="write_through: a put whose background write fails leaves the older copy below, "
-    "served once the new block is evicted",
-)
 async def test_failed_write_through_never_serves_older_bytes() -> None:
     inner = MemoryTier(1 << 20)
     tier = FaultyTier(inner)
@@ -478,12 +432,6 @@ async def test_failed_write_through_never_serves_older_bytes() -> None:
         assert await e.get("k") != b"old"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a memory tier's eviction made inside a write batch is handed over after a put and "
-    "a demotion of the key: the old bytes overwrite _demoting and land below, and get serves "
-    "them (no fault needed)",
-)
 async def test_put_between_tier_eviction_and_handover_is_not_undone() -> None:
     m1 = FaultyTier(MemoryTier(64, name="m1")).delay("write", 0.05)  # one block
     m2 = MemoryTier(1 << 20, name="m2")
@@ -499,11 +447,6 @@ async def test_put_between_tier_eviction_and_handover_is_not_undone() -> None:
         assert await e.get("k") == b"new"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="regression in 42d4d3b: get() pins the slot it waits for, aclose's unpin_all zeroes "
-    "pins before get resumes, and get's finally unpin raises RuntimeError",
-)
 async def test_get_waiting_on_a_pending_store_survives_aclose() -> None:
     e = TieringEngine(PrimaryTier(2, 8))
     await e.open()
@@ -514,11 +457,6 @@ async def test_get_waiting_on_a_pending_store_survives_aclose() -> None:
     assert await getting is None  # no RuntimeError from an unpin after close
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="aclose cancels a promotion task that has not run yet: its finally never runs, so "
-    "the promotion is counted under no outcome (SPEC 5: outcome=cancelled)",
-)
 async def test_promotion_cancelled_by_aclose_is_counted(probe: MetricsProbe) -> None:
     provider = MeterProvider(metric_readers=[probe.reader])
     tier = await seeded(1)
@@ -530,11 +468,6 @@ async def test_promotion_cancelled_by_aclose_is_counted(probe: MetricsProbe) -> 
     provider.shutdown()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lookup_prefix counts primary HITs sampled before it awaited the tiers: a block "
-    "evicted meanwhile is still counted, and prepare_load of that prefix then raises",
-)
 async def test_lookup_prefix_hits_are_loadable_when_it_returns() -> None:
     tier = FaultyTier(MemoryTier(1 << 20)).delay("lookup", 0.05)
     async with TieringEngine(PrimaryTier(2, 64), [tier], write_policy="none") as e:
@@ -559,11 +492,6 @@ class _HintFaultTier(MemoryTier):
         raise ConnectionError("index unavailable")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a tier whose contains_hint raises makes put raise after the primary was already "
-    "changed (_replaced_everywhere calls it unguarded), and queues no remove below",
-)
 async def test_put_does_not_raise_for_a_tier_hint_fault() -> None:
     tier = _HintFaultTier(1 << 20)
     async with TieringEngine(PrimaryTier(2, 64), [tier]) as e:
