@@ -249,6 +249,22 @@ async def test_lookup_prefix_of_an_iterator_answers_or_refuses() -> None:
         assert n == 2
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="complete_load/complete_store for a request the engine never saw register a "
+    "RequestState (via _request) before raising ValueError",
+)
+async def test_completing_for_an_unknown_request_changes_nothing() -> None:
+    ghost = RequestContext("ghost")
+    async with TieringEngine(PrimaryTier(2, 8)) as e:
+        assert await e.put("a", b"a")
+        with pytest.raises(ValueError, match="did not prepare_load"):
+            e.complete_load(["a"], ghost)
+        with pytest.raises(ValueError, match="did not prepare"):
+            e.complete_store(["a"], ghost)
+        assert "ghost" not in e._requests
+
+
 # ----------------------------------------------------------------------------- write-back queue
 
 
