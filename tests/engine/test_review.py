@@ -344,6 +344,33 @@ async def test_get_whose_promotion_pushes_the_block_down_still_returns_it() -> N
         assert await e.get("k") == b"kept"
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="the hand-over of a memory tier's eviction ignores _stale: bytes a failed REMOVE "
+    "left in m1 are handed down to m2 unmarked, and served there when m1's lookup faults",
+)
+async def test_stale_copy_is_not_handed_down_and_served() -> None:
+    m1 = FaultyTier(MemoryTier(64, name="m1"))  # one 64-byte block
+    m2 = MemoryTier(1 << 20, name="m2")
+    await m1.inner.write(b"k", b"old")
+    async with TieringEngine(PrimaryTier(2, 64), [m1, m2]) as e:
+        m1.fail("remove")
+        assert await e.put("k", b"new")  # its REMOVE from m1 fails: old stays there (stale)
+        await e.flush()
+        m1.heal()
+        assert await e.put("x", block(1))
+        assert await e.get("k") == b"new"  # k most recent
+        assert await e.put("y", block(2))  # evicts x: its write to m1 pushes "old" down to m2
+        await e.flush()
+        await e.flush()
+        assert await e.put("z", block(3))  # evicts k: "new" is written to m1
+        await e.flush()
+        await e.flush()
+        assert await e.delete("y") and await e.delete("z")  # room to promote, no write-back
+        m1.fail("lookup")  # m1 answers MISS (a counted tier error) ...
+        assert await e.get("k") in (b"new", None)  # ... and m2 must not serve the older bytes
+
+
 # ----------------------------------------------------------------------------- lookup races
 
 
