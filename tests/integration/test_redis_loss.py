@@ -3,7 +3,8 @@
 tests/tiers/test_redis_engine.py checks a kill between calls and one with reads in flight; this
 test keeps 32 concurrent workers (get, lookup_prefix + wait + load, put) running against an
 engine over a real ``redis-server`` while the server is SIGKILLed and restarted (empty, on the
-same port), twice by default (``AIOTIER_REDIS_KILLS`` for more). Asserted throughout:
+same port), twice by default (``AIOTIER_REDIS_KILLS`` for more), then frozen with SIGSTOP for
+1.5 s (a server that hangs rather than dies) and thawed. Asserted throughout:
 
 - no exception reaches a caller;
 - every call answers within its bound (promotion timeout twice, plus the tier's timeout, plus
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import signal
 import time
 from collections import Counter
 
@@ -154,6 +156,14 @@ async def test_server_killed_and_restarted_under_load(
                 assert any(w.done() for w in workers) is False
                 await asyncio.to_thread(server.start)  # same port, empty
                 recoveries.append(await _until_available(tier))
+            # a server that hangs (SIGSTOP) instead of dying: calls must end by the timeouts
+            assert server.proc is not None
+            os.kill(server.proc.pid, signal.SIGSTOP)  # our own child, by its pid
+            try:
+                await asyncio.sleep(1.5)
+            finally:
+                os.kill(server.proc.pid, signal.SIGCONT)
+            recoveries.append(await _until_available(tier))
             await asyncio.sleep(0.5)
         finally:
             load.stop.set()
@@ -171,7 +181,7 @@ async def test_server_killed_and_restarted_under_load(
     c = load.counts
     calls = sum(c[x] for x in ("get", "lookup_prefix", "wait", "put"))
     print(
-        f"\nredis server loss: {KILLS} kills under {WORKERS} workers in "
+        f"\nredis server loss: {KILLS} kills and a 1.5 s freeze under {WORKERS} workers in "
         f"{time.monotonic() - t_start:.1f}s; calls {calls} (get {c['get']}, None "
         f"{c['get_none']}, lookup_prefix {c['lookup_prefix']}, wait {c['wait']}, put {c['put']} "
         f"(refused {c['put_refused']}), blocks loaded {c['blocks_loaded']}); slowest call "
