@@ -391,6 +391,31 @@ async def test_write_through_older_copy_not_served_while_newer_write_queued() ->
         assert await e.get("k") in (b"v2", None)  # never the older v1 from m2
 
 
+class _LateWriterTier(MemoryTier):
+    """Reads slowly and, when cancelled, still writes its buffer a moment later (a thread)."""
+
+    async def read_into(self, key: bytes, buf: memoryview) -> int:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)
+            buf[:4] = b"LATE"
+            raise
+        return await super().read_into(key, buf)
+
+
+async def test_slot_of_a_timed_out_promotion_is_not_reused_while_the_read_writes() -> None:
+    tier = _LateWriterTier(1 << 20)
+    await tier.write(b"k", b"kkkk")
+    async with TieringEngine(PrimaryTier(1, 4), [tier], promotion_timeout=0.05) as e:
+        assert await e.lookup("k") is RETRY
+        assert await e.wait(["k"], timeout=5) == [MISS]
+        assert not await e.put("x", b"xxxx")  # the only slot is still the read's
+        await eventually(lambda: e.stats().pinned_blocks == 0)
+        assert await e.put("x", b"xxxx")
+        assert await e.get("x") == b"xxxx"
+
+
 # ----------------------------------------------------------------------------- lookup races
 
 
