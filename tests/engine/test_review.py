@@ -457,6 +457,25 @@ async def test_write_through_dropped_write_leaves_no_older_copy_readable() -> No
         assert await e.get("k") != block(1)  # SPEC: no tier ever returns the older bytes
 
 
+async def test_overlapping_lookup_prefixes_share_promotions_and_release_pins() -> None:
+    tier = FaultyTier(await seeded(4)).delay("lookup", 0.02).delay("read", 0.02)
+    async with TieringEngine(PrimaryTier(8, 64), [tier]) as e:
+        a, b = await asyncio.gather(
+            e.lookup_prefix(["k0", "k1", "k2"], R1), e.lookup_prefix(["k1", "k2", "k3"], R2)
+        )
+        assert a is None and b is None
+        assert await e.wait(["k0", "k1", "k2", "k3"]) == [HIT] * 4
+        assert tier.calls["read"] == 4  # one read per key, never a second promotion
+        assert await e.lookup_prefix(["k0", "k1", "k2"], R1) == 3
+        spec = e.prepare_load(["k0", "k1", "k2"], R1)
+        assert [bytes(v) for v in spec.buffers] == [block(0), block(1), block(2)]
+        e.complete_load(["k0", "k1", "k2"], R1)
+        e.end_step(finished_req_ids=["r1"])
+        assert e.stats().pinned_blocks == 3  # r2's RETRY pins on k1..k3
+        e.end_step(finished_req_ids=["r2"])
+        assert e.stats().pinned_blocks == 0
+
+
 # ----------------------------------------------------------------------------- lookup races
 
 
