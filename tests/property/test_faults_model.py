@@ -41,6 +41,7 @@ from aiotier import (
     PrimaryTier,
     RequestContext,
     TieringEngine,
+    TieringError,
 )
 from aiotier.testing import FaultyTier, MetricsProbe
 
@@ -161,6 +162,8 @@ class FaultsModel(RuleBasedStateMachine):
         self.max_seen_inflight = 0
         self.busy: Counter[str] = Counter()  # calls of each request suspended in the engine
         self.storing: set[tuple[str, str]] = set()  # (request id or "", key) being stored
+        self.closing = False  # aclose() has started: calls may now raise TieringError
+        self.closed = False  # then every later rule is a no-op (no precondition: replayable)
 
     def run(self, coro: Awaitable[Any]) -> Any:
         return self.loop.run_until_complete(coro)
@@ -359,6 +362,9 @@ class FaultsModel(RuleBasedStateMachine):
 
     @rule(ops=st.lists(OPS, min_size=1, max_size=6))
     def batch(self, ops: list[tuple[Any, ...]]) -> None:
+        if self.closed:
+            return
+
         async def sample(stop: asyncio.Event) -> None:
             while not stop.is_set():
                 inflight = self.e.stats().promotions_in_flight
@@ -389,6 +395,8 @@ class FaultsModel(RuleBasedStateMachine):
     @rule(new=st.lists(st.sampled_from(REQ_IDS), max_size=3),
           finished=st.lists(st.sampled_from(REQ_IDS), max_size=2))  # fmt: skip
     def end_step(self, new: list[str], finished: list[str]) -> None:
+        if self.closed:
+            return
         self._end_step(new, finished)
         self.check_structure()
 
@@ -398,7 +406,52 @@ class FaultsModel(RuleBasedStateMachine):
 
     @rule()
     def quiesce(self) -> None:
-        self.run(self._quiesce())
+        if not self.closed:
+            self.run(self._quiesce())
+
+    @rule(
+        ops=st.lists(OPS, min_size=1, max_size=6),
+        after=st.integers(0, 6),
+        flush=st.booleans(),
+        now=st.integers(0, 7),
+    )
+    def close_under_load(
+        self, ops: list[tuple[Any, ...]], after: int, flush: bool, now: int
+    ) -> None:
+        """aclose() while operations are in flight: they end (a closed-engine error at most)
+        and no task, pin or promotion survives. Only one draw in eight closes (``now == 0``),
+        so most examples run their whole length first."""
+        if self.closed:
+            return
+        if now:
+            self.batch(ops)
+            return
+
+        async def guarded(op: tuple[Any, ...]) -> None:
+            try:
+                await getattr(self, op[0])(*op[1:])
+            except (TieringError, ValueError):
+                if not self.closing:
+                    raise
+                FIGURES["calls_cut_by_close"] += 1
+
+        async def closer() -> None:
+            await _ticks(after)
+            self.closing = True
+            await self.e.aclose(flush=flush)
+
+        async def go() -> None:
+            async with asyncio.timeout(BATCH_BOUND):
+                await asyncio.gather(closer(), *(guarded(op) for op in ops))
+
+        self.run(go())
+        self.closed = True
+        assert not self.e._tasks
+        assert self.e.stats().promotions_in_flight == 0
+        assert self.e.stats().pinned_blocks == 0
+        pending = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
+        assert not pending, f"tasks survived aclose(): {pending}"
+        FIGURES["closes_under_load"] += 1
 
     async def _quiesce(self) -> None:
         """Settle everything in flight, then every deferral so far must be observed once."""
@@ -450,6 +503,9 @@ class FaultsModel(RuleBasedStateMachine):
 
     def _teardown(self) -> None:
         if self.engine is None:
+            return
+        if self.closed:
+            FIGURES["examples"] += 1
             return
         self.run(self._quiesce())
         self._end_step([], REQ_IDS)  # every request finishes
