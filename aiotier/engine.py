@@ -451,7 +451,7 @@ class TieringEngine:
                 self._maybe_flush()
             retry_keys.extend(ks[i] for i in need if results[i] is _RETRY)
         if retry_keys:
-            self._defer(rs, retry_keys, now)
+            self._defer(rs, retry_keys, _now())  # the deferral starts when RETRY is answered
         return results
 
     def _primary_answer(
@@ -659,6 +659,12 @@ class TieringEngine:
                 if isinstance(result, int) and result >= 0:
                     self._promoted(ti, k, slot, result)
                     continue
+                rec = self._inflight.get(k)
+                if rec is None or rec.slot != slot:
+                    # superseded by a put or delete meanwhile: whatever the read did is moot
+                    self._stats.promotions[(tier.name, "cancelled")] += 1
+                    failed.append(slot)
+                    continue
                 # -1 (the tier lost the block meanwhile) is a failed promotion, not a tier fault
                 if outcome in ("error", "timeout") or isinstance(result, Exception):
                     self._stats.tier_errors[(tier.name, "read")] += 1
@@ -725,6 +731,8 @@ class TieringEngine:
 
     def _hold(self, rs: RequestState | None, k: bytes, slot: int) -> None:
         """Pin a promoted block for the request that got RETRY for it, until it loads it."""
+        if rs is not None and self._requests.get(rs.req_id) is not rs:
+            return  # the request finished while its lookup awaited a tier: it holds nothing
         if rs is None:
             if k not in self._anon_promo:
                 self._anon_promo[k] = slot
@@ -870,8 +878,7 @@ class TieringEngine:
     ) -> None:
         """Unpin blocks loaded with ``prepare_load`` (and the request's promotion pins on them)."""
         ks = normalize_keys(keys)
-        rs = self._request(req) if req is not None else self._anon
-        assert rs is not None
+        rs = self._known_request(req)
         need = Counter(ks)
         for k, n in need.items():
             if len(rs.load_pins.get(k, ())) < n:
@@ -948,8 +955,7 @@ class TieringEngine:
         """Make prepared blocks loadable (``sizes`` gives lengths), or free them on failure."""
         ks = normalize_keys(keys)
         self._check_open()
-        rs = self._request(req) if req is not None else self._anon
-        assert rs is not None
+        rs = self._known_request(req)
         bs = self._arena.block_size
         if sizes is None:
             lengths = [bs] * len(ks)
@@ -1057,11 +1063,12 @@ class TieringEngine:
         self._demoting.pop(k, None)
         if self.write_policy == "write_through" and self.tiers:
             data = self._arena.read(slot)
-            # until the first tier has it, an eviction must not lose it: track it as on its way down
-            if self._enqueue(0, _Op(_WRITE, k, data, demotion=True)):
+            # on its way down until every tier has it: lookups find these bytes, never an
+            # older copy a tier still holds while its write is queued
+            queued = [self._enqueue(ti, _Op(_WRITE, k, data, demotion=True))
+                      for ti in range(len(self.tiers))]  # fmt: skip
+            if any(queued):
                 self._demoting[k] = data
-            for ti in range(1, len(self.tiers)):
-                self._enqueue(ti, _Op(_WRITE, k, data))
             self._table.clean[slot] = 1
             return
         self._table.clean[slot] = 0
@@ -1087,37 +1094,46 @@ class TieringEngine:
             self._stats.primary_hit += 1
             self._readmit(k, data)
             return data
-        for _attempt in range(2):  # a second look if the block moved down while promoting
-            rec = self._track(k)
-            if rec is None:
-                self._stats.primary_miss += 1
-                started = _now()
-                consulted, unplaced = await self._consult_tiers(
-                    [k], [0], [_MISS], None, -1, [], False, False
-                )
-                if consulted:
-                    self._stats.sync_delays.append(_now() - started)
-                    self._maybe_flush()
-                if unplaced:
-                    return await self._read_around(k, unplaced[0][1])
-                rec = self._inflight.get(k)
-                if rec is None:  # nothing in flight: a concurrent call may have landed it
-                    return self._copy_ready(k) or self._demoting.get(k)
-            else:
-                self._stats.primary_retry += 1
-            data = await self._await_block(k, rec.slot)
-            if data is not None or self._closed:
-                return data
-        return None
+        deferred: float | None = None
+        sync: float | None = None
+        try:
+            for _attempt in range(2):  # a second look if the block moved down while promoting
+                rec = self._track(k)
+                if rec is None:
+                    self._stats.primary_miss += 1
+                    started = _now()
+                    consulted, unplaced = await self._consult_tiers(
+                        [k], [0], [_MISS], None, -1, [], False, False
+                    )
+                    if consulted:
+                        sync = (sync or 0.0) + _now() - started
+                    if unplaced:
+                        return await self._read_around(k, unplaced[0][1])
+                    rec = self._inflight.get(k)
+                    if rec is None:  # nothing in flight: a concurrent call may have landed it
+                        return self._copy_ready(k) or self._demoting.get(k)
+                else:
+                    self._stats.primary_retry += 1
+                if deferred is None:
+                    deferred = _now()
+                data = await self._await_block(k, rec.slot)
+                if data is not None or self._closed:
+                    return data
+            return None
+        finally:
+            # one request's worth of observations per get, however many looks it took
+            if sync is not None:
+                self._stats.sync_delays.append(sync)
+            if deferred is not None:
+                self._stats.async_delays.append(_now() - deferred)
+            self._maybe_flush()
 
     async def _await_block(self, k: bytes, slot: int) -> bytes | None:
         """Wait for the block in flight in ``slot`` and copy it out (pinned meanwhile)."""
         self._table.pin(slot)  # not evicted between landing and being copied out
         try:
-            deferred = _now()
             with contextlib.suppress(TimeoutError):
                 await self.wait([k], timeout=self.promotion_timeout + 1.0)
-            self._stats.async_delays.append(_now() - deferred)
             if self._state[slot] == READY and self._table.keys[slot] == k:
                 return self._arena.read(slot)
             # replaced by a put meanwhile (the newer bytes), or pushed down while promoting
@@ -1198,6 +1214,7 @@ class TieringEngine:
             size = len(op.data)
             if op.demotion and self._queued_bytes + size > self._max_queued_bytes:
                 self._stats.tier_errors[(self.tiers[ti].name, "write")] += 1
+                self._stale[ti].add(op.key)  # the tier may keep an older copy: never read it
                 return False
             self._queued_bytes += size
             self._writing[ti][op.key] += 1
@@ -1216,8 +1233,12 @@ class TieringEngine:
             del counter[op.key]
         if op.kind == _WRITE:
             self._queued_bytes -= len(op.data or b"")
-            if op.demotion and self._demoting.get(op.key) is op.data:
-                del self._demoting[op.key]  # it is below now (or lost, and counted)
+            if (
+                op.demotion
+                and self._demoting.get(op.key) is op.data
+                and not any(w[op.key] for w in self._writing)
+            ):
+                del self._demoting[op.key]  # below now, in every tier it was going to
 
     async def _writer(self, ti: int) -> None:
         """Apply tier ``ti``'s queued writes and removes in order, batching neighbours."""
@@ -1266,8 +1287,8 @@ class TieringEngine:
         if tier.handover_evicted:
             handed = tier.take_evicted()
             for k, data in handed:
-                if self._removing[ti][k]:
-                    continue  # deleted or replaced since it was written here: stale bytes
+                if self._removing[ti][k] or k in self._stale[ti]:
+                    continue  # deleted, replaced or possibly stale since written here
                 if self._enqueue(ti + 1, _Op(_WRITE, k, data, demotion=True)):
                     self._demoting[k] = data
             if handed:
@@ -1284,14 +1305,19 @@ class TieringEngine:
         except Exception as exc:
             answers = [exc] * len(keys)
         stale = self._stale[ti]
+        removed: list[bytes] = []
         for op, answer in zip(batch, answers, strict=True):
             if isinstance(answer, Exception):
                 self._stats.tier_errors[(tier.name, "remove")] += 1
                 stale.add(op.key)  # the copy meant to go may still be there
             else:
                 stale.discard(op.key)
+                if answer:
+                    removed.append(op.key)
             if op.done is not None and not op.done.done():
                 op.done.set_result(answer is True)
+        if removed:
+            self._events.append(BlockEvent(tuple(removed), tier.name, True))
 
     def _write_down_primary(self) -> None:
         """At close (write_back): queue the primary's blocks for the first persistent tier.
@@ -1478,6 +1504,13 @@ class TieringEngine:
         if rs is None:
             rs = self._requests[req.req_id] = RequestState(req.req_id)
         return rs
+
+    def _known_request(self, req: RequestContext | None) -> RequestState:
+        """The state of a request that prepared something (an empty one if it never did)."""
+        if req is None:
+            return self._anon
+        _check_req(req)
+        return self._requests.get(req.req_id) or RequestState(req.req_id)
 
     def _tier_index(self, tier: SecondaryTier | str | None) -> int:
         if tier is None:
