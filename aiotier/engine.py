@@ -442,13 +442,12 @@ class TieringEngine:
                 # HITs were sampled before the await: a concurrent store may have evicted one
                 if r is _HIT and self._settled_answer(ks[i]) is not _HIT:
                     results[i] = _MISS
-            if not consulted:
-                pass  # no secondary tier was asked: no sync delay to observe
-            elif rs is not None:
-                rs.add_sync(elapsed)
-            else:
-                stats.sync_delays.append(elapsed)
-                self._maybe_flush()
+            if consulted:  # only a lookup that asked a secondary tier has a sync delay
+                if rs is not None:
+                    rs.add_sync(elapsed)
+                else:  # the buffers may have been swapped by an end_step during the await
+                    self._stats.sync_delays.append(elapsed)
+                    self._maybe_flush()
             retry_keys.extend(ks[i] for i in need if results[i] is _RETRY)
         if retry_keys:
             self._defer(rs, retry_keys, _now())  # the deferral starts when RETRY is answered
