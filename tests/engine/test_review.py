@@ -104,11 +104,6 @@ async def test_get_with_a_request_leaves_no_request_state() -> None:
         assert len(e._requests) == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a request finished (end_step) while its lookup awaited a tier: the lookup then pins "
-    "the promoted block on the forgotten RequestState, held until pin_steps expire",
-)
 async def test_request_finished_during_its_lookup_keeps_no_pin() -> None:
     tier = FaultyTier(await seeded(1)).delay("lookup", 0.05)
     async with TieringEngine(PrimaryTier(2, 64), [tier], pin_steps=1000) as e:
@@ -134,11 +129,6 @@ async def test_sync_delay_of_a_lookup_spanning_end_step_is_observed(probe: Metri
     provider.shutdown()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a promotion superseded by a put whose REMOVE reached the tier before the read "
-    "(read answers -1) is counted outcome=error, not cancelled like other superseded ones",
-)
 async def test_promotion_superseded_before_its_read_counts_cancelled(probe: MetricsProbe) -> None:
     provider = MeterProvider(metric_readers=[probe.reader])
     tier = FaultyTier(await seeded(1)).delay("read", 0.05)  # the put's remove lands first
@@ -152,11 +142,6 @@ async def test_promotion_superseded_before_its_read_counts_cancelled(probe: Metr
     provider.shutdown()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the async delay is armed with the time _scan started, before it awaited the tiers: "
-    "the sync lookup time is counted again as async delay",
-)
 async def test_async_delay_starts_at_the_retry_not_before_the_tier_lookup(
     probe: MetricsProbe,
 ) -> None:
@@ -174,11 +159,6 @@ async def test_async_delay_starts_at_the_retry_not_before_the_tier_lookup(
 # ----------------------------------------------------------------------------- events
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="delete of a block held only below the primary emits no removed event (delete "
-    "emits one only for the primary; _apply_removes emits none), though tier writes emit stored",
-)
 async def test_delete_of_a_block_below_emits_a_removed_event() -> None:
     tier = await seeded(1)
     async with TieringEngine(PrimaryTier(2, 64), [tier]) as e:
@@ -249,11 +229,6 @@ async def test_lookup_prefix_of_an_iterator_answers_or_refuses() -> None:
         assert n == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="complete_load/complete_store for a request the engine never saw register a "
-    "RequestState (via _request) before raising ValueError",
-)
 async def test_completing_for_an_unknown_request_changes_nothing() -> None:
     ghost = RequestContext("ghost")
     async with TieringEngine(PrimaryTier(2, 8)) as e:
@@ -344,11 +319,6 @@ async def test_get_whose_promotion_pushes_the_block_down_still_returns_it() -> N
         assert await e.get("k") == b"kept"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the hand-over of a memory tier's eviction ignores _stale: bytes a failed REMOVE "
-    "left in m1 are handed down to m2 unmarked, and served there when m1's lookup faults",
-)
 async def test_stale_copy_is_not_handed_down_and_served() -> None:
     m1 = FaultyTier(MemoryTier(64, name="m1"))  # one 64-byte block
     m2 = MemoryTier(1 << 20, name="m2")
@@ -371,12 +341,6 @@ async def test_stale_copy_is_not_handed_down_and_served() -> None:
         assert await e.get("k") in (b"new", None)  # ... and m2 must not serve the older bytes
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="write_through: while a newer write of the key to m2 is still queued, m2 is read "
-    "(lookups ignore _writing); with m1's write failed and the block evicted, m2's older "
-    "copy is served",
-)
 async def test_write_through_older_copy_not_served_while_newer_write_queued() -> None:
     m1 = FaultyTier(MemoryTier(1 << 20, name="m1"))
     m2 = FaultyTier(MemoryTier(1 << 20, name="m2"))
@@ -416,11 +380,6 @@ async def test_slot_of_a_timed_out_promotion_is_not_reused_while_the_read_writes
         assert await e.get("x") == b"xxxx"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="get()'s second attempt (block pushed down while promoting) observes a second "
-    "async delay and a second sync delay for one get: each interval must be observed once",
-)
 async def test_get_retry_observes_one_deferral(probe: MetricsProbe) -> None:
     provider = MeterProvider(metric_readers=[probe.reader])
     m1 = FaultyTier(MemoryTier(64, name="m1")).delay("read", 0.05)  # one block
@@ -435,11 +394,6 @@ async def test_get_retry_observes_one_deferral(probe: MetricsProbe) -> None:
     provider.shutdown()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="write_through: a put whose write to the first tier is dropped by the pending-bytes "
-    "bound neither removes nor marks stale the older copy there, which is served after eviction",
-)
 async def test_write_through_dropped_write_leaves_no_older_copy_readable() -> None:
     tier = FaultyTier(MemoryTier(1 << 20))
     async with TieringEngine(
