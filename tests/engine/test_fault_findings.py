@@ -1,8 +1,6 @@
 """Engine bugs the fault model (tests/property/test_faults_model.py) ran into, pinned minimally.
 
-The first five were found there and fixed in 4faed5d (they stay as regression tests); a test
-still marked ``xfail(strict=True)`` fails today for the reason it gives, and turns into an
-XPASS error the moment the engine is fixed, so its marker must go then.
+All are fixed (4faed5d, b2d3e0a) and stay as regression tests.
 """
 
 from __future__ import annotations
@@ -102,14 +100,6 @@ async def test_same_key_prepared_twice_by_one_caller_after_a_delete() -> None:
         assert e.stats().pinned_blocks == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "engine: a get() whose first promotion fails and whose second look promotes the block "
-        "from a lower tier observes two async-delay samples (one per _await_block) for one "
-        "call; SPEC 5 observes a get as one anonymous request, each interval exactly once"
-    ),
-)
 async def test_get_that_waits_twice_is_one_deferral(
     probe: tuple[MeterProvider, MetricsProbe],
 ) -> None:
@@ -121,4 +111,4 @@ async def test_get_that_waits_twice_is_one_deferral(
     async with TieringEngine(PrimaryTier(4, 16), [upper, lower], meter_provider=provider) as e:
         assert await e.get("k") == b"v"  # the upper read fails, the lower one lands
         e.end_step()
-        assert metrics.count("aiotier_lookup_async_delay_seconds") == 1  # 2 today
+        assert metrics.count("aiotier_lookup_async_delay_seconds") == 1

@@ -71,10 +71,8 @@ FIGURES: Counter[str] = Counter()
 
 
 class CountingEngine(TieringEngine):
-    """Counts the deferrals of ``get()``: each ``wait`` from inside a ``get`` is observed once.
-
-    A get that waits twice (its first promotion failed, a lower tier then had the block) is
-    observed twice today; tests/engine/test_fault_findings.py pins that question separately.
+    """Counts the deferred ``get()`` calls: those that ``wait`` inside ``get``, once or twice
+    (a second look after the block moved down); each is one anonymous request, observed once.
     """
 
     get_deferrals = 0
@@ -86,7 +84,7 @@ class CountingEngine(TieringEngine):
             return await super().get(key, req)
         finally:
             _get_call.reset(token)
-            self.get_deferrals += len(waits)
+            self.get_deferrals += bool(waits)
             FIGURES["gets_deferred_twice"] += len(waits) > 1
 
     async def wait(
