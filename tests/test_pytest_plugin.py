@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import textwrap
 from importlib.metadata import entry_points
+from typing import Any
 
 import pytest
 
@@ -105,3 +106,16 @@ def test_every_fixture_is_prefixed(pytester: pytest.Pytester) -> None:
             names.append(match.group(1))
     assert {"aiotier_engine", "aiotier_faulty_tier", "aiotier_metrics"} <= set(names), names
     assert all(n.startswith("aiotier_") for n in names), names
+
+
+async def test_the_fixtures_work_in_auto_mode_under_blockbuster(
+    aiotier_engine: Any, aiotier_metrics: Any, aiotier_faulty_tier: Any
+) -> None:
+    """This suite runs pytest-asyncio in auto mode, with blockbuster watching aiotier's frames."""
+    assert await aiotier_engine.put(b"k", b"v")
+    for i in range(80):  # more than the 64-block primary: some go down to memory and the SSD
+        assert await aiotier_engine.put(b"fill-%d" % i, b"x" * 100)
+    assert await aiotier_engine.get(b"k") == b"v"
+    aiotier_engine.end_step()
+    assert aiotier_metrics.probe.value("aiotier_evictions_total", tier="primary") > 0
+    assert aiotier_faulty_tier.calls["read"] == 0
