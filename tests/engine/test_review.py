@@ -1,7 +1,8 @@
 """Review findings: races across awaits, pins, stale bytes, write-back queue, metrics.
 
-Tests marked xfail(strict=True) expose real engine bugs (the reason names it); unmarked tests
-pin down tricky behaviour that holds.
+Tests marked xfail(strict=True) expose engine bugs still open (the reason names it). Unmarked
+tests pin down tricky behaviour that holds; most began as xfail findings and stay as regression
+tests for the fixes (42d4d3b, 4faed5d, b2d3e0a).
 """
 
 from __future__ import annotations
