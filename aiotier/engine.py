@@ -1150,19 +1150,29 @@ class TieringEngine:
         return self._arena.read(slot)
 
     async def _read_around(self, k: bytes, ti: int) -> bytes | None:
-        """A block tier ``ti`` has but the primary has no room for: read it privately."""
-        tier = self.tiers[ti]
+        """A block tier ``ti`` has but the primary has no room for: read it privately.
+
+        If it moved down meanwhile, it is on its way (``_demoting``) or in a tier below.
+        """
         buf = bytearray(self._arena.block_size)
-        try:
-            async with asyncio.timeout(self.promotion_timeout):
-                n = await tier.read_into(k, memoryview(buf))
-        except Exception:
-            self._stats.tier_errors[(tier.name, "read")] += 1
-            return None
-        if n < 0:
-            return None
-        self._stats.read_bytes[tier.name] += n
-        return bytes(buf[:n])
+        for tj in range(ti, len(self.tiers)):
+            if tj > ti:
+                data = self._demoting.get(k)
+                if data is not None:
+                    return data
+                if self._skip(tj, k):
+                    continue
+            tier = self.tiers[tj]
+            try:
+                async with asyncio.timeout(self.promotion_timeout):
+                    n = await tier.read_into(k, memoryview(buf))
+            except Exception:
+                self._stats.tier_errors[(tier.name, "read")] += 1
+                return None
+            if n >= 0:
+                self._stats.read_bytes[tier.name] += n
+                return bytes(buf[:n])
+        return self._demoting.get(k)
 
     async def delete(self, key: bytes | str) -> bool:
         """Remove the block from every tier; True if any tier had it."""
