@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -64,11 +65,18 @@ def render(doc: dict[str, Any]) -> str:
                 )
         lines.append(
             f"| {c['name']} | {params} | {_fmt(c['aiotier'])} | {c['unit']} | "
-            f"{_fmt(floor.get('value'))} ({floor.get('name', '')}) | "
-            f"{_fmt(c.get('ratio_to_floor'))} | {_fmt(peer.get('value'))} "
-            f"({peer.get('name', '')}) | {_fmt(c.get('ratio_to_peer'))} | {notes} |"
+            f"{_named(floor)} | {_fmt(c.get('ratio_to_floor'))} | {_named(peer)} | "
+            f"{_fmt(c.get('ratio_to_peer'))} | {notes} |"
         )
+    targets = os.path.join(os.path.dirname(os.path.abspath(__file__)), "targets.md")
+    if os.path.exists(targets):
+        with open(targets) as f:
+            lines += ["", f.read().rstrip()]
     return "\n".join(lines) + "\n"
+
+
+def _named(m: dict[str, Any]) -> str:
+    return "—" if not m else f"{_fmt(m.get('value'))} ({m.get('name', '')})"
 
 
 if __name__ == "__main__":
