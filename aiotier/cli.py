@@ -85,6 +85,7 @@ def _bench(args: argparse.Namespace) -> int:
         return cases
 
     cases = asyncio.run(suite())
+    cases += _loop_lag_cases(cases)
     doc: dict[str, Any] = {
         "aiotier_version": __version__,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
@@ -109,6 +110,32 @@ def _bench(args: argparse.Namespace) -> int:
 
         plot(doc, args.plot)
     return 0
+
+
+def _loop_lag_cases(cases: list[Any]) -> list[Any]:
+    """The ``loop_lag`` case of BENCHMARKS.md: the ticker's p99 during each I/O case, against
+    the same ticker with the loop idle (SSD) or during the floor's rounds (Redis)."""
+    from .bench.common import Case, Measure
+
+    out = []
+    for c in cases:
+        lag = c.extra.get("loop_lag_p99_ms")
+        if lag is None:
+            continue
+        base = c.extra.get("loop_lag_idle_p99_ms", c.extra.get("floor_loop_lag_p99_ms"))
+        name = "idle loop" if "loop_lag_idle_p99_ms" in c.extra else "during the floor's rounds"
+        out.append(
+            Case(
+                "loop_lag",
+                {"during": c.name, **{k: v for k, v in c.params.items() if k != "rounds"}},
+                "ms (p99)",
+                False,
+                lag,
+                floor=None if base is None else Measure(f"ticker p99, {name}", base),
+                extra={"max_ms": c.extra.get("loop_lag_max_ms")},
+            )
+        )
+    return out
 
 
 def _inspect(args: argparse.Namespace) -> int:
