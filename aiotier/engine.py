@@ -299,6 +299,11 @@ class TieringEngine:
             self._settle(key)
         self._promoting = 0  # a task cancelled before its first step never ran its cleanup
         if self._opened:
+            # copies a failed write or remove may have left behind are the one thing a restart
+            # would not know to avoid: try once more to remove them (a write-down follows them)
+            for ti, stale in enumerate(self._stale):
+                for k in list(stale):
+                    self._enqueue(ti, _Op(_REMOVE, k))
             if flush and self.write_policy == "write_back" and self.tiers:
                 self._write_down_primary()
             await self._drain_queues(self.io_timeout * 2, discard=True)

@@ -124,14 +124,6 @@ async def test_get_that_waits_twice_is_one_deferral(
         assert metrics.count("aiotier_lookup_async_delay_seconds") == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "engine: a delete() whose remove fails in a persistent tier marks the key stale in that "
-        "tier only in the engine's memory; nothing retries the remove (not even aclose(), with "
-        "the tier healthy again), so after a restart the next engine serves the deleted bytes"
-    ),
-)
 async def test_a_deleted_key_stays_deleted_across_a_restart_after_a_failed_remove(
     tmp_path: Path,
 ) -> None:
