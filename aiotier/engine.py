@@ -14,11 +14,11 @@ import asyncio
 import contextlib
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar, cast
 
 from opentelemetry.metrics import MeterProvider
 
@@ -56,6 +56,7 @@ _MAX_BUFFERED_SAMPLES: Final = 100_000  # flush metrics early when nobody calls 
 _MAX_EVENTS: Final = 65_536
 
 _now = time.perf_counter
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -1276,16 +1277,21 @@ class TieringEngine:
                 for op in batch:
                     self._dequeued(ti, op)
 
+    async def _batch(self, tier: SecondaryTier, call: Awaitable[list[_T]], n: int) -> list[_T]:
+        """One batched tier call within ``io_timeout``; a fault becomes ``n`` per-key errors."""
+        try:
+            async with asyncio.timeout(self.io_timeout):
+                answers = await call
+            if len(answers) != n:
+                raise TieringError(f"tier {tier.name!r} answered {len(answers)} of {n}")
+            return answers
+        except Exception as exc:
+            return [cast(_T, exc)] * n
+
     async def _apply_writes(self, ti: int, batch: list[_Op]) -> None:
         tier = self.tiers[ti]
         items = [(op.key, op.data or b"") for op in batch]
-        try:
-            async with asyncio.timeout(self.io_timeout):
-                errors = await tier.write_many(items)
-            if len(errors) != len(items):
-                raise TieringError(f"tier {tier.name!r} answered {len(errors)} of {len(items)}")
-        except Exception as exc:
-            errors = [exc] * len(items)
+        errors = await self._batch(tier, tier.write_many(items), len(items))
         written: list[bytes] = []
         stale = self._stale[ti]
         for op, err in zip(batch, errors, strict=True):
@@ -1311,13 +1317,7 @@ class TieringEngine:
     async def _apply_removes(self, ti: int, batch: list[_Op]) -> None:
         tier = self.tiers[ti]
         keys = [op.key for op in batch]
-        try:
-            async with asyncio.timeout(self.io_timeout):
-                answers = await tier.remove_many(keys)
-            if len(answers) != len(keys):
-                raise TieringError(f"tier {tier.name!r} answered {len(answers)} of {len(keys)}")
-        except Exception as exc:
-            answers = [exc] * len(keys)
+        answers = await self._batch(tier, tier.remove_many(keys), len(keys))
         stale = self._stale[ti]
         removed: list[bytes] = []
         for op, answer in zip(batch, answers, strict=True):
