@@ -270,7 +270,9 @@ class TieringEngine:
         loop = asyncio.get_running_loop()
         cascade = self.write_policy == "write_back"
         for i, t in enumerate(self.tiers):
-            t.handover_evicted = cascade and i + 1 < len(self.tiers)
+            # hand-overs feed the tier below; from a tier that keeps its bytes in memory they
+            # are also taken with no tier below, so its evictions are reported as events
+            t.handover_evicted = (cascade and i + 1 < len(self.tiers)) or t.cheap_handover
             self._tier_evictions[i] = t.evictions
             self._queue_wakeups.append(asyncio.Event())
             self._writers.append(loop.create_task(self._writer(i), name=f"aiotier-writer-{t.name}"))
@@ -1306,7 +1308,8 @@ class TieringEngine:
             self._events.append(BlockEvent(tuple(written), tier.name, False))
         if tier.handover_evicted:
             handed = tier.take_evicted()
-            for k, data in handed:
+            below = self.write_policy == "write_back" and ti + 1 < len(self.tiers)
+            for k, data in handed if below else ():
                 if self._removing[ti][k] or k in self._stale[ti]:
                     continue  # deleted, replaced or possibly stale since written here
                 if self._enqueue(ti + 1, _Op(_WRITE, k, data, demotion=True)):

@@ -182,6 +182,10 @@ class FaultyTier(SecondaryTier):
     def persistent(self) -> bool:  # type: ignore[override]
         return self.inner.persistent
 
+    @property
+    def cheap_handover(self) -> bool:  # type: ignore[override]
+        return self.inner.cheap_handover
+
     def take_evicted(self) -> list[tuple[bytes, bytes]]:
         return self.inner.take_evicted()
 

@@ -44,6 +44,9 @@ class SecondaryTier(ABC):
     #: Set by the engine when a tier below can take this tier's evicted blocks; a tier that
     #: can hand their bytes over then returns them from :meth:`take_evicted`.
     handover_evicted: bool
+    #: Whether :meth:`take_evicted` costs nothing extra (the bytes are in memory anyway): the
+    #: engine then takes evictions from it even with no tier below, to report them as events.
+    cheap_handover: bool = False
     #: Whether blocks outlive this process (a disk, a server). At ``aclose()`` the engine
     #: writes the primary's blocks to the first persistent tier, so a restart keeps them.
     persistent: bool = True

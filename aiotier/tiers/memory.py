@@ -19,6 +19,7 @@ class MemoryTier(SecondaryTier):
     """
 
     persistent = False
+    cheap_handover = True
 
     def __init__(self, capacity_bytes: int, *, name: str = "memory") -> None:
         super().__init__(name)

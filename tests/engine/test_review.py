@@ -168,11 +168,6 @@ async def test_delete_of_a_block_below_emits_a_removed_event() -> None:
         assert any(ev.removed and ev.keys == (b"k0",) and ev.tier == "memory" for ev in events)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a block the last secondary tier evicts by its own budget emits no removed event "
-    "(only hand-overs do), though its write there emitted a stored event",
-)
 async def test_eviction_by_the_last_tier_emits_a_removed_event() -> None:
     tier = MemoryTier(64)  # one block
     async with TieringEngine(PrimaryTier(1, 64), [tier]) as e:
