@@ -37,9 +37,6 @@ class ByteBudgetLRU:
     def size_of(self, key: bytes) -> int | None:
         return self._entries.get(key)
 
-    def fits(self, size: int) -> bool:
-        return size <= self.capacity
-
     def admit(self, key: bytes, size: int) -> list[bytes]:
         """Account ``key`` as most recent with ``size`` bytes; return the keys evicted for it.
 

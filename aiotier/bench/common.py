@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import statistics
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Case", "LoopLagTicker", "Measure", "amedian", "median_of"]
+__all__ = ["Case", "LoopLagTicker", "Measure", "alternate"]
 
 
 @dataclass(slots=True)
@@ -64,18 +63,25 @@ def _measure(m: Measure | None) -> dict[str, Any] | None:
     return None if m is None else {"name": m.name, "value": m.value}
 
 
-def median_of(fn: Callable[[], float], rounds: int, warmup: int = 1) -> float:
-    """Median of ``rounds`` calls of ``fn`` (each returns its own figure), after warm-up calls."""
-    for _ in range(warmup):
-        fn()
-    return statistics.median(fn() for _ in range(rounds))
+async def alternate(
+    fns: dict[str, Callable[[], Awaitable[float]]],
+    rounds: int,
+    before: Callable[[str], None] | None = None,
+) -> dict[str, float]:
+    """Warm each contender up once, then run them in turn ``rounds`` times; their medians.
 
-
-async def amedian(fn: Callable[[], Awaitable[float]], rounds: int, warmup: int = 1) -> float:
-    """Async form of :func:`median_of`."""
-    for _ in range(warmup):
-        await fn()
-    return statistics.median([await fn() for _ in range(rounds)])
+    Alternating puts the aiotier figure, its floor and its peer under the same machine noise.
+    ``before(name)`` runs ahead of every call (e.g. to drop page caches for a cold round).
+    """
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(rounds + 1):
+        for name, fn in fns.items():
+            if before is not None:
+                before(name)
+            value = await fn()
+            if r:
+                samples[name].append(value)
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 class LoopLagTicker:
@@ -109,7 +115,3 @@ class LoopLagTicker:
         lags = sorted(self.lags)
         p99 = lags[min(len(lags) - 1, int(len(lags) * 0.99))]
         return {"p99_ms": p99 * 1e3, "max_ms": lags[-1] * 1e3}
-
-
-def now() -> float:
-    return time.perf_counter()

@@ -5,31 +5,17 @@ from __future__ import annotations
 import asyncio
 import gc
 import random
-import statistics
 import time
 import tracemalloc
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .. import MemoryTier, PrimaryTier, RequestContext, TieringEngine
-from .common import Case, Measure
+from .common import Case, Measure, alternate
 
 __all__ = ["run"]
 
 _now = time.perf_counter
-
-
-async def _alternate(
-    fns: dict[str, Callable[[], Awaitable[float]]], rounds: int
-) -> dict[str, float]:
-    """Run each measurement once per round, alternating, and return the medians."""
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for fn in fns.values():
-        await fn()  # warm-up
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            samples[name].append(await fn())
-    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def _keys(n: int) -> list[bytes]:
@@ -97,7 +83,7 @@ async def lookup_hit(
                 return (_now() - t) / len(peer_sample) * 1e6
 
             fns["peer"] = aiocache_get
-    med = await _alternate(fns, rounds)
+    med = await alternate(fns, rounds)
     await engine.aclose(flush=False)
     return Case(
         "lookup_hit",
@@ -136,7 +122,7 @@ async def lookup_prefix(rounds: int, calls: int) -> Case:
             await lp(p, req)
         return (_now() - t) / calls * 1e6
 
-    med = await _alternate({"floor": floor, "aiotier": ours}, rounds)
+    med = await alternate({"floor": floor, "aiotier": ours}, rounds)
     await engine.aclose(flush=False)
     return Case(
         "lookup_prefix",
@@ -273,7 +259,7 @@ async def metrics_overhead(steps: int, rounds: int) -> Case:
     async def without() -> float:
         return await step_loop(noop, steps)
 
-    med = await _alternate({"floor": without, "aiotier": with_sdk}, rounds)
+    med = await alternate({"floor": without, "aiotier": with_sdk}, rounds)
     sdk.shutdown()
     return Case(
         "metrics_overhead",

@@ -16,12 +16,11 @@ import contextlib
 import os
 import shutil
 import socket
-import statistics
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from ..tiers.redis import RedisTier, _driver_info
-from .common import Case, LoopLagTicker, Measure
+from .common import Case, LoopLagTicker, Measure, alternate
 
 __all__ = ["local_redis_server", "run", "run_local"]
 
@@ -177,7 +176,7 @@ async def run(quick: bool, url: str) -> list[Case]:
                 assert all(v is not None for v in values)
             return total_bytes / (time.perf_counter() - t0) / 1e9
 
-        figures = await _alternate(
+        figures = await alternate(
             {"aiotier": aiotier_round, "floor": floor_round, "peer": peer_round}, rounds
         )
         lag = ticker.summary_ms()
@@ -216,19 +215,6 @@ async def run(quick: bool, url: str) -> list[Case]:
         # aiocache 0.12's close() calls a method redis-py 8 no longer has; close its client.
         await peer.client.aclose()
         await tier.aclose()
-
-
-async def _alternate(
-    fns: dict[str, Callable[[], Awaitable[float]]], rounds: int
-) -> dict[str, float]:
-    """Warm each up once, then run them in turn ``rounds`` times; medians."""
-    for fn in fns.values():
-        await fn()
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            samples[name].append(await fn())
-    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 @contextlib.asynccontextmanager

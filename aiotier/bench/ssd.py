@@ -37,7 +37,7 @@ import xxhash
 
 from ..tiers.framing import HEADER
 from ..tiers.ssd import SSDTier
-from .common import Case, LoopLagTicker, Measure
+from .common import Case, LoopLagTicker, Measure, alternate
 
 __all__ = ["main", "run"]
 
@@ -79,23 +79,6 @@ def _sync_files(paths: list[str]) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-async def _alternate(
-    fns: dict[str, Callable[[], Awaitable[float]]],
-    rounds: int,
-    before: Callable[[str], None] | None = None,
-) -> dict[str, float]:
-    """Warm each contender up once, then run them in turn ``rounds`` times; medians."""
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for r in range(rounds + 1):
-        for name, fn in fns.items():
-            if before is not None:
-                before(name)
-            value = await fn()
-            if r:
-                samples[name].append(value)
-    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 @contextlib.asynccontextmanager
@@ -239,7 +222,7 @@ async def _promote_cases(
                     else:
                         gc.collect()
 
-                figures = await _alternate(
+                figures = await alternate(
                     {
                         "aiotier": aiotier_round,
                         "floor": floor_round,
@@ -374,7 +357,7 @@ async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> 
                 cache.set(k, v)
             return total / (time.perf_counter() - t0) / 1e9
 
-        figures = await _alternate(
+        figures = await alternate(
             {
                 "aiotier": aiotier_round,
                 "floor": floor_round,
