@@ -105,15 +105,6 @@ async def run_local(quick: bool) -> list[Case]:
         return await run(quick, url)
 
 
-def _engine_available() -> bool:
-    try:
-        from ..engine import TieringEngine  # noqa: F401
-        from ..tiers.primary import PrimaryTier  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 async def run(quick: bool, url: str) -> list[Case]:
     """The ``redis_promote`` case on the server at ``url`` (its namespace is emptied after)."""
     blocks = 256 if quick else 1024
@@ -136,7 +127,6 @@ async def run(quick: bool, url: str) -> list[Case]:
     peer = RedisCache(
         serializer=NullSerializer(encoding=None), endpoint=host, port=int(port), namespace=""
     )
-    use_engine = _engine_available()
     stack = contextlib.AsyncExitStack()
     try:
         # Every block differs in a few bytes, so no layer can get away with sharing one object.
@@ -150,8 +140,7 @@ async def run(quick: bool, url: str) -> list[Case]:
         str_batches = [[k.decode() for k in b] for b in rkey_batches]
 
         ticker = LoopLagTicker()
-        promoter = _engine_promoter if use_engine else _tier_promoter
-        promote = await stack.enter_async_context(promoter(tier, batches))
+        promote = await stack.enter_async_context(_engine_promoter(tier, batches))
 
         async def aiotier_round() -> float:
             async with ticker:
@@ -189,7 +178,7 @@ async def run(quick: bool, url: str) -> list[Case]:
                     "blocks": blocks,
                     "batch": BATCH,
                     "rounds": rounds,
-                    "via": "engine lookup_prefix+wait" if use_engine else "tier read_many_into",
+                    "via": "engine lookup_prefix+wait",
                     "server": "local redis-server, loopback",
                 },
                 "GB/s",
@@ -243,20 +232,3 @@ async def _engine_promoter(
 
     async with engine:
         yield promote
-
-
-@contextlib.asynccontextmanager
-async def _tier_promoter(
-    tier: RedisTier, batches: list[list[bytes]]
-) -> AsyncIterator[Callable[[], Awaitable[None]]]:
-    """Until the engine runs: the tier's own batched read into a reused arena of 64 slots."""
-    arena = memoryview(bytearray(BATCH * BLOCK_SIZE))
-    views = [arena[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE] for i in range(BATCH)]
-
-    async def promote() -> None:
-        for batch in batches:
-            results = await tier.read_many_into(batch, views[: len(batch)])
-            if any(r != BLOCK_SIZE for r in results):
-                raise RuntimeError(f"promotion failed: {results[:3]!r}")
-
-    yield promote

@@ -30,7 +30,6 @@ import statistics
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any
 
 import aiofiles
 import xxhash
@@ -44,15 +43,6 @@ __all__ = ["main", "run"]
 BATCH = 64
 KiB = 1024
 MiB = 1024 * KiB
-
-
-def _engine_available() -> bool:
-    try:
-        from ..engine import TieringEngine  # noqa: F401
-        from ..tiers.primary import PrimaryTier  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _drop_pages(paths: list[str]) -> None:
@@ -85,39 +75,27 @@ def _sync_files(paths: list[str]) -> None:
 async def _promoter(
     tier: SSDTier, keys: list[bytes], block_size: int
 ) -> AsyncIterator[tuple[Callable[[], Awaitable[None]], str]]:
+    from .._types import LookupResult
+    from ..engine import TieringEngine
+    from ..tiers.primary import PrimaryTier
+
     batches = [keys[i : i + BATCH] for i in range(0, len(keys), BATCH)]
-    if _engine_available():
-        from .._types import LookupResult
-        from ..engine import TieringEngine
-        from ..tiers.primary import PrimaryTier
 
-        # One batch of room (the caller keeps at least two batches): every round promotes every
-        # block again from the SSD tier (write policy "none": evictions drop, no write-back).
-        primary = PrimaryTier(BATCH, block_size)
-        engine = TieringEngine(primary, [tier], write_policy="none", promotion_timeout=60.0)
+    # One batch of room (the caller keeps at least two batches): every round promotes every
+    # block again from the SSD tier (write policy "none": evictions drop, no write-back).
+    primary = PrimaryTier(BATCH, block_size)
+    engine = TieringEngine(primary, [tier], write_policy="none", promotion_timeout=60.0)
 
-        async def promote() -> None:
-            for batch in batches:
-                await engine.lookup_prefix(batch)
-                results = await engine.wait(batch, timeout=60.0)
-                if any(r is not LookupResult.HIT for r in results):
-                    raise RuntimeError(f"promotion failed: {results[:3]!r}")
-                engine.end_step()
-
-        async with engine:
-            yield promote, "engine lookup_prefix(64)+wait"
-        return
-
-    arena = memoryview(bytearray(BATCH * block_size))
-    views = [arena[i * block_size : (i + 1) * block_size] for i in range(BATCH)]
-
-    async def promote_tier() -> None:
+    async def promote() -> None:
         for batch in batches:
-            out = await tier.read_many_into(batch, views[: len(batch)])
-            if any(n != block_size for n in out):
-                raise RuntimeError(f"promotion failed: {out[:3]!r}")
+            await engine.lookup_prefix(batch)
+            results = await engine.wait(batch, timeout=60.0)
+            if any(r is not LookupResult.HIT for r in results):
+                raise RuntimeError(f"promotion failed: {results[:3]!r}")
+            engine.end_step()
 
-    yield promote_tier, "tier read_many_into(64)"
+    async with engine:
+        yield promote, "engine lookup_prefix(64)+wait"
 
 
 async def _idle_lag() -> dict[str, float]:
@@ -300,32 +278,21 @@ async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> 
         keys = [f"{name}-{r}-{i}".encode() for i in range(blocks)]
         return [(k, k[-8:].rjust(8, b"-") + payload[8:]) for k in keys]
 
-    engine_cm: Any = None
-    via = "tier write_many(64)"
+    from ..engine import TieringEngine
+    from ..tiers.primary import PrimaryTier
+
+    engine = TieringEngine(PrimaryTier(BATCH, block_size), [tier], write_policy="write_back")
+    await engine.open()
     try:
-        if _engine_available():
-            from ..engine import TieringEngine
-            from ..tiers.primary import PrimaryTier
 
-            primary = PrimaryTier(BATCH, block_size)
-            engine = TieringEngine(primary, [tier], write_policy="write_back")
-            engine_cm = engine
-            await engine.open()
-            via = "engine put into a 64-block primary (write_back), then flush"
-
-            async def aiotier_round() -> float:
-                items = round_items("aiotier")
-                t0 = time.perf_counter()
-                for k, v in items:
-                    if not await engine.put(k, v):
-                        raise RuntimeError("put failed")
-                await engine.flush(timeout=120.0)
-                return total / (time.perf_counter() - t0) / 1e9
-        else:
-            await tier.open()
-
-            async def aiotier_round() -> float:
-                return await tier_round()
+        async def aiotier_round() -> float:
+            items = round_items("aiotier")
+            t0 = time.perf_counter()
+            for k, v in items:
+                if not await engine.put(k, v):
+                    raise RuntimeError("put failed")
+            await engine.flush(timeout=120.0)
+            return total / (time.perf_counter() - t0) / 1e9
 
         async def tier_round() -> float:
             items = round_items("tier")
@@ -373,7 +340,7 @@ async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> 
                 "blocks": blocks,
                 "rounds": rounds,
                 "fsync": False,
-                "via": via,
+                "via": "engine put into a 64-block primary (write_back), then flush",
             },
             "GB/s",
             True,
@@ -383,10 +350,7 @@ async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> 
             extra={"tier_write_many": figures["tier"]},
         )
     finally:
-        if engine_cm is not None:
-            await engine_cm.aclose(flush=False)
-        else:
-            await tier.aclose()
+        await engine.aclose(flush=False)
         cache.close()
         for d in (tier_dir, floor_dir, dc_dir):
             shutil.rmtree(d, ignore_errors=True)
