@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import hashlib
 import logging
@@ -71,9 +72,6 @@ SHARDS: Final = tuple(f"{i:02x}" for i in range(256))
 #: enough that several hops run in parallel and a cancelled caller never waits long.
 _HOP_MAX_OPS: Final = 32
 _HOP_MAX_BYTES: Final = 16 << 20
-#: Queued ops that start a hop at once when a thread is idle, instead of at the end of the loop
-#: iteration: the thread starts copying while the loop is still preparing the rest of a batch.
-_EARLY_HOP: Final = 8
 #: How long a cancelled caller waits for a hop already touching its buffer before giving up.
 _CANCEL_GRACE: Final = 30.0
 #: Evicted blocks kept for the tier below before the oldest are dropped (engine not taking).
@@ -99,20 +97,24 @@ def block_relpath(digest: bytes, size: int) -> str:
 # -- work done on the tier's threads (no event-loop state touched here) -------------------------
 
 
+def _skip_views(views: list[memoryview], skip: int) -> list[memoryview]:
+    """``views`` without their first ``skip`` bytes."""
+    rest: list[memoryview] = []
+    for v in views:
+        if skip >= v.nbytes:
+            skip -= v.nbytes
+            continue
+        rest.append(v[skip:])
+        skip = 0
+    return rest
+
+
 def _read_exact_into(fd: int, views: list[memoryview], offset: int) -> int:
     """``preadv`` until the views are full or EOF; return the bytes read."""
     want = sum(v.nbytes for v in views)
-    got = os.preadv(fd, views, offset)
-    while 0 < got < want:  # rare: a regular file returns short only at EOF
-        rest: list[memoryview] = []
-        skip = got
-        for v in views:
-            if skip >= v.nbytes:
-                skip -= v.nbytes
-                continue
-            rest.append(v[skip:])
-            skip = 0
-        n = os.preadv(fd, rest, offset + got)
+    got = 0
+    while got < want:  # a regular file returns short only at EOF
+        n = os.preadv(fd, _skip_views(views, got) if got else views, offset + got)
         if n <= 0:
             break
         got += n
@@ -152,57 +154,58 @@ def _open_for_read(path: str) -> int | None:
         return None
 
 
-def _read_block(
-    path: str,
-    key: bytes,
-    payload_len: int,
-    buf: memoryview,
-    tier_name: str,
-    fd: int | None = None,
-) -> int:
-    """Open (unless ``fd`` is given), read header+payload into ``buf`` in one ``preadv``,
-    verify, close. Returns -1 when the file is gone.
+#: ``preadv`` flag that fails (EAGAIN) or returns short instead of waiting for the disk; 0 when
+#: the platform lacks it or the file system refused it once (every read then blocks).
+_nowait_flag: int = getattr(os, "RWF_NOWAIT", 0)
 
-    No ``utime`` here: it dirties the inode (~8 µs, a journal write) on every promotion; read
-    recency survives a clean restart through the recency file instead.
-    """
-    if fd is None:
-        fd = _open_for_read(path)
-        if fd is None:
-            return -1
+
+def _preadv_nowait(fd: int, views: list[memoryview]) -> int:
+    """Read what the page cache already holds; 0 when a read would have to wait for the disk."""
+    global _nowait_flag
+    if not _nowait_flag:
+        return 0
     try:
-        hdr = bytearray(HEADER.size + len(key))
-        got = os.preadv(fd, [hdr, buf], 0)
-        if got == len(hdr) + payload_len:  # the common case, checked without allocations
-            magic, version, _flags, key_len, plen, digest = HEADER.unpack_from(hdr)
-            if (
-                magic == MAGIC
-                and version == FORMAT_VERSION
-                and plen == payload_len
-                and key_len == len(key)
-                and hdr[HEADER.size :] == key
-                and checksum(buf) == digest
-            ):
-                return payload_len
-        else:
-            got = _read_exact_into(fd, [memoryview(hdr), buf], 0)
-        where = f"ssd tier {tier_name!r} file {path}"
-        try:
-            if got < len(hdr):
-                raise BlockCorruptedError(f"{where}: file of {got} bytes is shorter than a header")
-            header = parse_header(hdr, where=where)
-            if got != len(hdr) + payload_len:
-                raise BlockCorruptedError(
-                    f"{where}: key {key[:64]!r}: file holds {got - len(hdr)} payload bytes, "
-                    f"expected {payload_len}"
-                )
-            verify_payload(header, key, buf, where=where)
-        except BlockCorruptedError:
-            _drop_file(fd, path)
+        return os.preadv(fd, views, 0, _nowait_flag)
+    except BlockingIOError:
+        return 0
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
             raise
-        return payload_len
-    finally:
-        os.close(fd)
+        _nowait_flag = 0
+        return 0
+
+
+def _verify_block(
+    fd: int, path: str, key: bytes, hdr: bytearray, buf: memoryview, got: int, tier_name: str
+) -> int:
+    """Check a block read as ``hdr`` + ``buf`` (``got`` bytes); drop the file if it is damaged."""
+    payload_len = buf.nbytes
+    if got == len(hdr) + payload_len:  # the common case, checked without allocations
+        magic, version, _flags, key_len, plen, digest = HEADER.unpack_from(hdr)
+        if (
+            magic == MAGIC
+            and version == FORMAT_VERSION
+            and plen == payload_len
+            and key_len == len(key)
+            and hdr[HEADER.size :] == key
+            and checksum(buf) == digest
+        ):
+            return payload_len
+    where = f"ssd tier {tier_name!r} file {path}"
+    try:
+        if got < len(hdr):
+            raise BlockCorruptedError(f"{where}: file of {got} bytes is shorter than a header")
+        header = parse_header(hdr, where=where)
+        if got != len(hdr) + payload_len:
+            raise BlockCorruptedError(
+                f"{where}: key {key[:64]!r}: file holds {got - len(hdr)} payload bytes, "
+                f"expected {payload_len}"
+            )
+        verify_payload(header, key, buf, where=where)
+    except BlockCorruptedError:
+        _drop_file(fd, path)
+        raise
+    return payload_len
 
 
 def _read_whole_block(path: str) -> tuple[bytes, bytes] | None:
@@ -289,20 +292,34 @@ def _resolve(fut: asyncio.Future[Any], outcome: Any) -> None:
 def _run_ops(ops: list[_Op]) -> list[Any]:
     """Body of one thread hop: every op in order, each failure kept in its own slot.
 
-    With several reads in the hop, every file is opened and ``POSIX_FADV_WILLNEED`` first:
-    the kernel starts reading the cold ones all at once (one thread, many I/Os in flight;
-    +40% on cold files here), and warm ones cost one cheap syscall more.
+    A read first takes what the page cache holds (``RWF_NOWAIT``: warm blocks cost one
+    ``preadv``). The reads that would wait for the disk keep their file open and finish after
+    the rest of the hop, all advised ``POSIX_FADV_WILLNEED`` first: the kernel fetches the cold
+    blocks at once (one thread, many I/Os in flight). The open file pins what the read sees,
+    so finishing late returns exactly what an in-order read would have.
     """
-    if len(ops) > 1:
-        for op in ops:
-            if type(op) is _ReadOp:
-                op.prefetch()
-    out: list[Any] = []
-    for op in ops:
+    out: list[Any] = [None] * len(ops)
+    cold: list[tuple[int, _ReadOp]] = []
+    for i, op in enumerate(ops):
         try:
-            out.append(op.run())
+            if type(op) is _ReadOp:
+                n = op.start()
+                if n is None:
+                    cold.append((i, op))
+                    continue
+                out[i] = n
+            else:
+                out[i] = op.run()
         except Exception as exc:
-            out.append(exc)
+            out[i] = exc
+    if len(cold) > 1:
+        for _i, op in cold:
+            op.advise()
+    for i, op in cold:
+        try:
+            out[i] = op.complete()
+        except Exception as exc:
+            out[i] = exc
     return out
 
 
@@ -727,9 +744,7 @@ class SSDTier(SecondaryTier):
         queue.append(op)
         assert self._idle is not None
         self._idle.clear()
-        if self._hops == 0 and len(queue) >= _EARLY_HOP:
-            self._start_hop(len(queue))
-        elif not self._flush_scheduled:
+        if not self._flush_scheduled:
             self._flush_scheduled = True
             assert self._loop is not None
             self._loop.call_soon(self._flush)
@@ -1203,8 +1218,9 @@ class _ReadOp(_Op):
         "buf",
         "digest",
         "fd",
+        "got",
+        "hdr",
         "key",
-        "open_error",
         "path",
         "payload_len",
         "size",
@@ -1231,28 +1247,52 @@ class _ReadOp(_Op):
         self.path = tier._path(digest, size)
         # -1: a write of this key is in flight, so a missing file proves nothing
         self.writes_seen = -1 if digest in tier._busy else tier._writes
-        self.fd: int | None = None  # opened ahead by prefetch() when the hop has several reads
-        self.open_error: OSError | None = None
+        # Set by start() when the page cache did not hold the whole block; used by complete().
+        self.fd: int | None = None
+        self.hdr = bytearray(0)
+        self.got = 0
 
-    def prefetch(self) -> None:
+    def start(self) -> int | None:
+        """Open and read what the page cache holds: the outcome, or None if the disk is needed.
+
+        No ``utime`` on reads: it dirties the inode (~8 µs, a journal write) on every promotion;
+        read recency survives a clean restart through the recency file instead.
+        """
+        fd = _open_for_read(self.path)
+        if fd is None:
+            return -1
         try:
-            self.fd = _open_for_read(self.path)
-        except OSError as exc:
-            self.open_error = exc
-            return
+            hdr = bytearray(HEADER.size + len(self.key))
+            views = [memoryview(hdr), self.buf]
+            got = _preadv_nowait(fd, views)
+            if got != len(hdr) + self.payload_len:
+                self.fd, self.hdr, self.got = fd, hdr, got
+                fd = -1  # complete() closes it
+                return None
+            return _verify_block(fd, self.path, self.key, hdr, self.buf, got, self.tier.name)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def advise(self) -> None:
         if self.fd is not None:
             with contextlib.suppress(OSError):
-                os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        else:
-            self.open_error = FileNotFoundError(self.path)
+                os.posix_fadvise(self.fd, self.got, 0, os.POSIX_FADV_WILLNEED)
+
+    def complete(self) -> int:
+        """Read the rest (waiting for the disk), verify, close."""
+        fd, self.fd = self.fd, None
+        assert fd is not None
+        try:
+            views = [memoryview(self.hdr), self.buf]
+            got = self.got + _read_exact_into(fd, _skip_views(views, self.got), self.got)
+            return _verify_block(fd, self.path, self.key, self.hdr, self.buf, got, self.tier.name)
+        finally:
+            os.close(fd)
 
     def run(self) -> int:
-        fd, self.fd = self.fd, None
-        if fd is None and self.open_error is not None:
-            if isinstance(self.open_error, FileNotFoundError):
-                return -1
-            raise self.open_error
-        return _read_block(self.path, self.key, self.payload_len, self.buf, self.tier.name, fd)
+        n = self.start()
+        return self.complete() if n is None else n
 
     def finish(self, outcome: Any) -> None:
         self.tier._read_finished(self, outcome)

@@ -396,6 +396,129 @@ async def test_truncated_file_is_corrupted(tier: SSDTier, root: Path) -> None:
         await read(tier, b"k")
 
 
+def _drop_cached_pages(path: Path, offset: int = 0) -> None:
+    """Evict ``path``'s pages from ``offset`` on from the page cache (clean pages only)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, offset, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _page_cache_droppable(scratch: Path) -> bool:
+    """Whether dropped pages stay dropped here (not on tmpfs); probed on a file of its own,
+    since a non-blocking read of a dropped page starts reading it back."""
+    scratch.write_bytes(os.urandom(256 * 1024))
+    _drop_cached_pages(scratch)
+    fd = os.open(scratch, os.O_RDONLY)
+    try:
+        return os.preadv(fd, [bytearray(256 * 1024)], 0, os.RWF_NOWAIT) < 256 * 1024
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("cached_prefix", [0, 64 * 1024])
+async def test_reads_that_wait_for_the_disk_finish_after_the_warm_ones(
+    tier: SSDTier, root: Path, monkeypatch: pytest.MonkeyPatch, cached_prefix: int
+) -> None:
+    """Cold blocks (none or only part of the file cached) are read after the hop's warm ones,
+    advised WILLNEED together, and return exactly their bytes."""
+    if not getattr(os, "RWF_NOWAIT", 0):
+        pytest.skip("no RWF_NOWAIT on this platform: every read blocks")
+    if not _page_cache_droppable(root.parent / "probe"):
+        pytest.skip("the page cache cannot be dropped on this file system")
+    blocks = {f"k{i}".encode(): os.urandom(300_000) for i in range(6)}
+    await tier.write_many(list(blocks.items()))
+    cold = [b"k1", b"k3", b"k4"]
+    for k in cold:
+        _drop_cached_pages(file_of(root, k, 300_000), cached_prefix)
+    completed: list[bytes] = []
+    real_complete = ssd_mod._ReadOp.complete
+
+    def complete(op: Any) -> int:
+        completed.append(op.key)
+        return real_complete(op)
+
+    monkeypatch.setattr(ssd_mod._ReadOp, "complete", complete)
+    keys = list(blocks)
+    bufs = [bytearray(300_000) for _ in keys]
+    got = await tier.read_many_into(keys, [memoryview(b) for b in bufs])
+    assert got == [300_000] * len(keys)
+    assert [bytes(b) for b in bufs] == list(blocks.values())
+    assert set(completed) <= set(cold)
+    if not completed:  # the kernel kept or read back the pages before the tier looked
+        pytest.skip("no block was cold by the time it was read")
+
+
+async def test_cold_and_partly_cached_reads_continue_where_the_cache_ended(
+    tier: SSDTier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The page cache simulated: k1 wholly on disk, k3 cached for its first 70,000 bytes."""
+    blocks = {f"k{i}".encode(): os.urandom(300_000) for i in range(5)}
+    await tier.write_many(list(blocks.items()))
+    keys = list(blocks)
+    bufs = [bytearray(300_000) for _ in keys]
+    key_of_buf = {id(b): k for k, b in zip(keys, bufs, strict=True)}
+    real_nowait = ssd_mod._preadv_nowait
+    cached = {b"k1": 0, b"k3": 70_000}
+    order: list[tuple[str, bytes]] = []
+
+    def preadv_nowait(fd: int, views: list[memoryview]) -> int:
+        key = key_of_buf[id(views[1].obj)]
+        order.append(("start", key))
+        if key not in cached:
+            return real_nowait(fd, views)
+        return os.preadv(fd, _first_bytes(views, cached[key]), 0) if cached[key] else 0
+
+    real_complete = ssd_mod._ReadOp.complete
+
+    def complete(op: Any) -> int:
+        order.append(("complete", op.key))
+        return real_complete(op)
+
+    monkeypatch.setattr(ssd_mod, "_preadv_nowait", preadv_nowait)
+    monkeypatch.setattr(ssd_mod._ReadOp, "complete", complete)
+    got = await tier.read_many_into(keys, [memoryview(b) for b in bufs])
+    assert got == [300_000] * len(keys)
+    assert [bytes(b) for b in bufs] == list(blocks.values())
+    assert order == [("start", k) for k in keys] + [("complete", b"k1"), ("complete", b"k3")]
+
+
+def _first_bytes(views: list[memoryview], n: int) -> list[memoryview]:
+    """The first ``n`` bytes of ``views`` (the part a partly cached file has in memory)."""
+    out: list[memoryview] = []
+    for v in views:
+        if n <= 0:
+            break
+        out.append(v[:n])
+        n -= min(n, v.nbytes)
+    return out
+
+
+async def test_reads_work_where_the_file_system_refuses_rwf_nowait(
+    tier: SSDTier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await tier.write(b"k", b"v" * 5000)
+    real_preadv = os.preadv
+    refused: list[int] = []
+
+    def preadv(fd: int, views: Any, offset: int, flags: int = 0) -> int:
+        if flags:
+            refused.append(flags)
+            raise OSError(errno.EOPNOTSUPP, "not supported")
+        return real_preadv(fd, views, offset)
+
+    monkeypatch.setattr(ssd_mod, "_nowait_flag", getattr(os, "RWF_NOWAIT", 0) or 8)
+    monkeypatch.setattr(ssd_mod.os, "preadv", preadv)
+    assert await read(tier, b"k") == b"v" * 5000
+    assert await read(tier, b"k") == b"v" * 5000
+    assert len(refused) == 1  # asked once, then every read blocks
+    assert ssd_mod._nowait_flag == 0
+
+
 async def test_file_deleted_behind_the_tiers_back_is_absent(tier: SSDTier, root: Path) -> None:
     await tier.write(b"k", b"v" * 10)
     file_of(root, b"k", 10).unlink()
@@ -750,14 +873,14 @@ async def test_cancelled_read_does_not_return_while_its_thread_writes_the_buffer
     await tier.write(b"k", b"v" * 1000)
     entered = threading.Event()
     release = threading.Event()
-    real = ssd_mod._read_block
+    real = ssd_mod._verify_block
 
-    def slow_read_block(*args: Any) -> int:
+    def slow_verify_block(*args: Any) -> int:
         entered.set()
         assert release.wait(10)
         return real(*args)
 
-    monkeypatch.setattr(ssd_mod, "_read_block", slow_read_block)
+    monkeypatch.setattr(ssd_mod, "_verify_block", slow_verify_block)
     buf = bytearray(1000)
     task = asyncio.ensure_future(tier.read_into(b"k", memoryview(buf)))
     await until(entered.is_set)
