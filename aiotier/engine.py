@@ -590,20 +590,24 @@ class TieringEngine:
         failures of the promotion phase).
         """
         keys: list[bytes] = []
+        taken: set[bytes] = set()
         where: list[int] = []
         now = _now()
+        index = self._index
+        demoting = self._demoting
         for i in positions:
             k = ks[i]
             if self._skip(ti, k):
                 # a put or delete queued a remove while we awaited the tier: its answer is stale
                 results[i] = _MISS
                 continue
-            if k in self._index or k in keys or k in self._demoting:
+            if k in index or k in taken or k in demoting:
                 # a concurrent lookup got there while this one awaited the tiers
                 answer = self._primary_answer(k, rs, now, protected, hold)
                 results[i] = answer if answer is not None else _MISS
                 continue
             keys.append(k)
+            taken.add(k)
             where.append(i)
         budget = max(self.max_inflight_promotions - self._promoting, 0)
         unplaced = where[budget:]

@@ -69,9 +69,11 @@ TMP_PREFIX: Final = ".tmp-"
 SHARDS: Final = tuple(f"{i:02x}" for i in range(256))
 
 #: Most blocks and bytes one thread hop carries: enough to amortise the hop (20-65 µs), small
-#: enough that several hops run in parallel and a cancelled caller never waits long.
+#: enough that several hops run in parallel and a cancelled caller never waits long. The byte
+#: cap lets a 64-block batch of 1 MiB blocks split evenly over two threads (at 16 MiB it went
+#: 15+15+15+15+4, the last hop running alone: 3.3 -> 4.5 GB/s warm with the cap raised).
 _HOP_MAX_OPS: Final = 32
-_HOP_MAX_BYTES: Final = 16 << 20
+_HOP_MAX_BYTES: Final = 64 << 20
 #: How long a cancelled caller waits for a hop already touching its buffer before giving up.
 _CANCEL_GRACE: Final = 30.0
 #: Evicted blocks kept for the tier below before the oldest are dropped (engine not taking).
@@ -1244,13 +1246,14 @@ class _ReadOp(_Op):
         self.size = size
         self.payload_len = payload_len
         self.buf = buf
-        self.path = tier._path(digest, size)
         # -1: a write of this key is in flight, so a missing file proves nothing
         self.writes_seen = -1 if digest in tier._busy else tier._writes
-        # Set by start() when the page cache did not hold the whole block; used by complete().
-        self.fd: int | None = None
-        self.hdr = bytearray(0)
-        self.got = 0
+        # path is named on the thread by start(); fd, hdr and got are set by start() only when
+        # the page cache did not hold the whole block (for advise() and complete()).
+        self.fd: int
+        self.hdr: bytearray
+        self.got: int
+        self.path: str
 
     def start(self) -> int | None:
         """Open and read what the page cache holds: the outcome, or None if the disk is needed.
@@ -1258,6 +1261,7 @@ class _ReadOp(_Op):
         No ``utime`` on reads: it dirties the inode (~8 µs, a journal write) on every promotion;
         read recency survives a clean restart through the recency file instead.
         """
+        self.path = self.tier._path(self.digest, self.size)
         fd = _open_for_read(self.path)
         if fd is None:
             return -1
@@ -1275,14 +1279,12 @@ class _ReadOp(_Op):
                 os.close(fd)
 
     def advise(self) -> None:
-        if self.fd is not None:
-            with contextlib.suppress(OSError):
-                os.posix_fadvise(self.fd, self.got, 0, os.POSIX_FADV_WILLNEED)
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(self.fd, self.got, 0, os.POSIX_FADV_WILLNEED)
 
     def complete(self) -> int:
         """Read the rest (waiting for the disk), verify, close."""
-        fd, self.fd = self.fd, None
-        assert fd is not None
+        fd = self.fd
         try:
             views = [memoryview(self.hdr), self.buf]
             got = self.got + _read_exact_into(fd, _skip_views(views, self.got), self.got)
