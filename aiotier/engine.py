@@ -508,7 +508,11 @@ class TieringEngine:
         for ti, tier in enumerate(self.tiers):
             if not pending or ti == exclude:
                 continue
-            ask = [i for i in pending if not self._skip(ti, ks[i])]
+            ask = (
+                [i for i in pending if not self._skip(ti, ks[i])]
+                if self._may_skip(ti)
+                else pending
+            )
             if not ask:
                 continue
             consulted = True
@@ -522,20 +526,28 @@ class TieringEngine:
             except Exception:
                 self._stats.tier_errors[(tier.name, "lookup")] += 1
                 answers = [_MISS] * len(ask)
-            lookups = self._stats.lookups
             settled: set[int] = set()
+            hits: list[int] = []
+            retries = 0
             for i, a in zip(ask, answers, strict=True):
                 if a is _HIT:
-                    lookups[(tier.name, "hit")] += 1
-                    found.setdefault(ti, []).append(i)
+                    hits.append(i)
                     settled.add(i)
                 elif a is _RETRY:
-                    lookups[(tier.name, "retry")] += 1
+                    retries += 1
                     results[i] = _RETRY
                     settled.add(i)
-                else:
-                    lookups[(tier.name, "miss")] += 1
-            pending = [i for i in pending if i not in settled]
+            lookups = self._stats.lookups
+            for outcome, n in (
+                ("hit", len(hits)),
+                ("retry", retries),
+                ("miss", len(ask) - len(settled)),
+            ):
+                if n:
+                    lookups[(tier.name, outcome)] += n
+            if hits:
+                found[ti] = hits
+            pending = [i for i in pending if i not in settled] if settled else pending
         if self._closed:
             return consulted, []
         if prefix and pending:
@@ -557,6 +569,11 @@ class TieringEngine:
         except Exception:
             self._stats.tier_errors[(self.tiers[ti].name, "hint")] += 1
             return None
+
+    def _may_skip(self, ti: int) -> bool:
+        """False when no key can be skipped for tier ``ti`` (the common case: one check per
+        batch instead of one per key)."""
+        return bool(self._removing[ti] or self._stale[ti] or self._backoff)
 
     def _skip(self, ti: int, k: bytes) -> bool:
         """True while ``k`` must not be read from tier ``ti``: backing off, being removed, or
@@ -595,9 +612,10 @@ class TieringEngine:
         now = _now()
         index = self._index
         demoting = self._demoting
+        may_skip = self._may_skip(ti)
         for i in positions:
             k = ks[i]
-            if self._skip(ti, k):
+            if may_skip and self._skip(ti, k):
                 # a put or delete queued a remove while we awaited the tier: its answer is stale
                 results[i] = _MISS
                 continue
