@@ -1455,7 +1455,8 @@ def _as_exception(exc: BaseException) -> Exception:
 
 def _default_io_threads() -> int:
     """One core is left to the event loop: workers copying warm pages compete with it for
-    CPU and the GIL (loop lag), and WILLNEED prefetch gives even one thread cold-read depth."""
+    CPU and the GIL (loop lag), and WILLNEED on a hop's cold blocks gives even one thread
+    read depth."""
     return max(1, min(4, (os.cpu_count() or 1) - 1))
 
 
