@@ -683,10 +683,14 @@ class TieringEngine:
                 read.cancel()
             self._stats.promotion_durations.append((tier.name, _now() - started))
             failed: list[int] = []
+            ok = 0
+            ok_bytes = 0
             for n, (k, slot) in enumerate(zip(keys, slots, strict=True)):
                 result = results[n] if outcome == "ok" else None
                 if isinstance(result, int) and result >= 0:
-                    self._promoted(ti, k, slot, result)
+                    if self._promoted(ti, k, slot, result):
+                        ok += 1
+                        ok_bytes += result
                     continue
                 rec = self._inflight.get(k)
                 if rec is None or rec.slot != slot:
@@ -700,6 +704,9 @@ class TieringEngine:
                 self._stats.promotions[(tier.name, "error" if outcome == "ok" else outcome)] += 1
                 self._promotion_failed(ti, k, slot)
                 failed.append(slot)
+            if ok:
+                self._stats.promotions[(tier.name, "ok")] += ok
+                self._stats.read_bytes[tier.name] += ok_bytes
             self._promoting -= len(keys)
             if failed:
                 if read.done():
@@ -708,7 +715,9 @@ class TieringEngine:
                     # the tier may still write into these slots: keep them until it stops
                     read.add_done_callback(partial(self._release_read_pins, failed))
 
-    def _promoted(self, ti: int, k: bytes, slot: int, length: int) -> None:
+    def _promoted(self, ti: int, k: bytes, slot: int, length: int) -> bool:
+        """Make a promoted block loadable; False if the read turned out moot or too long (the
+        caller counts the successes once per batch)."""
         table = self._table
         tier = self.tiers[ti]
         rec = self._inflight.get(k)
@@ -716,20 +725,19 @@ class TieringEngine:
             # superseded by a put or delete meanwhile: the slot is an orphan, the read is moot
             self._stats.promotions[(tier.name, "cancelled")] += 1
             table.unpin(slot)
-            return
+            return False
         if length > self._arena.block_size:
             self._stats.tier_errors[(tier.name, "read")] += 1
             self._stats.promotions[(tier.name, "error")] += 1
             self._promotion_failed(ti, k, slot)
             table.unpin(slot)
-            return
+            return False
         self._arena.lengths[slot] = length
         self._state[slot] = READY
         table.clean[slot] = 1 if ti == 0 else 0
         table.unpin(slot)
-        self._stats.promotions[(tier.name, "ok")] += 1
-        self._stats.read_bytes[tier.name] += length
         self._settle(k)
+        return True
 
     def _promotion_failed(self, ti: int, k: bytes, slot: int) -> None:
         """Turn the key into a MISS now, and back off from reading it from that tier."""

@@ -741,9 +741,8 @@ class SSDTier(SecondaryTier):
 
     # -- the op queue --------------------------------------------------------------------------
 
-    def _enqueue(self, op: _Op) -> None:
-        queue = self._queue
-        queue.append(op)
+    def _enqueue(self, *ops: _Op) -> None:
+        self._queue.extend(ops)
         assert self._idle is not None
         self._idle.clear()
         if not self._flush_scheduled:
@@ -801,6 +800,9 @@ class SSDTier(SecondaryTier):
         finally:
             self._hops -= 1
         for op, outcome in zip(batch, outcomes, strict=True):
+            if type(outcome) is int and outcome >= 0 and type(op) is _ReadOp:
+                op.settle(outcome)  # a block read and verified: nothing in the index changes
+                continue
             try:
                 op.finish(outcome)
             except Exception:  # finish only touches the index; never let one op stop the rest
@@ -836,7 +838,7 @@ class SSDTier(SecondaryTier):
         for i, op in enumerate(ops):
             op.group = group
             op.index = i
-            self._enqueue(op)
+        self._enqueue(*ops)
         try:
             await asyncio.shield(group.fut)
         except asyncio.CancelledError:
