@@ -273,6 +273,7 @@ class TieringEngine:
             # hand-overs feed the tier below; from a tier that keeps its bytes in memory they
             # are also taken with no tier below, so its evictions are reported as events
             t.handover_evicted = (cascade and i + 1 < len(self.tiers)) or t.cheap_handover
+            t.report_evicted = not t.handover_evicted  # otherwise the hand-over names them
             self._tier_evictions[i] = t.evictions
             self._queue_wakeups.append(asyncio.Event())
             self._writers.append(loop.create_task(self._writer(i), name=f"aiotier-writer-{t.name}"))
@@ -1346,6 +1347,10 @@ class TieringEngine:
                     self._demoting[k] = data
             if handed:
                 self._events.append(BlockEvent(tuple(k for k, _ in handed), tier.name, True))
+        elif tier.report_evicted:
+            gone = tier.take_evicted_keys()
+            if gone:
+                self._events.append(BlockEvent(tuple(gone), tier.name, True))
 
     async def _apply_removes(self, ti: int, batch: list[_Op]) -> None:
         tier = self.tiers[ti]

@@ -179,6 +179,15 @@ class FaultyTier(SecondaryTier):
             self.inner.handover_evicted = value
 
     @property
+    def report_evicted(self) -> bool:
+        return self.inner.report_evicted
+
+    @report_evicted.setter
+    def report_evicted(self, value: bool) -> None:
+        if hasattr(self, "inner"):
+            self.inner.report_evicted = value
+
+    @property
     def persistent(self) -> bool:  # type: ignore[override]
         return self.inner.persistent
 
@@ -188,6 +197,9 @@ class FaultyTier(SecondaryTier):
 
     def take_evicted(self) -> list[tuple[bytes, bytes]]:
         return self.inner.take_evicted()
+
+    def take_evicted_keys(self) -> list[bytes]:
+        return self.inner.take_evicted_keys()
 
 
 class MetricsProbe:

@@ -47,6 +47,9 @@ class SecondaryTier(ABC):
     #: Whether :meth:`take_evicted` costs nothing extra (the bytes are in memory anyway): the
     #: engine then takes evictions from it even with no tier below, to report them as events.
     cheap_handover: bool = False
+    #: Set by the engine when this tier hands nothing over: the keys it evicts are then wanted
+    #: for removed events, from :meth:`take_evicted_keys`.
+    report_evicted: bool
     #: Whether blocks outlive this process (a disk, a server). At ``aclose()`` the engine
     #: writes the primary's blocks to the first persistent tier, so a restart keeps them.
     persistent: bool = True
@@ -57,6 +60,7 @@ class SecondaryTier(ABC):
         self.name: str = name if name is not None else _default_name(type(self))
         self.evictions = 0
         self.handover_evicted = False
+        self.report_evicted = False
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r}>"
@@ -150,6 +154,14 @@ class SecondaryTier(ABC):
         index (memory, SSD) answer exactly, remote tiers return ``None``.
         """
         return None
+
+    def take_evicted_keys(self) -> list[bytes]:
+        """Keys evicted since the last call without their bytes being handed over.
+
+        Only while :attr:`report_evicted` is set; a tier that cannot name what it evicts (a
+        shared server evicting on its own) returns nothing.
+        """
+        return []
 
     def take_evicted(self) -> list[tuple[bytes, bytes]]:
         """Blocks evicted since the last call, with their bytes, for the tier below.

@@ -33,7 +33,7 @@ import stat
 import struct
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final
@@ -76,6 +76,8 @@ _HOP_MAX_OPS: Final = 32
 _HOP_MAX_BYTES: Final = 64 << 20
 #: How long a cancelled caller waits for a hop already touching its buffer before giving up.
 _CANCEL_GRACE: Final = 30.0
+#: Evicted keys kept for removed events before the oldest are dropped (engine not taking).
+_EVICTED_KEYS_MAX: Final = 1 << 16
 #: Evicted blocks kept for the tier below before the oldest are dropped (engine not taking).
 _HANDOVER_MAX_BYTES: Final = 256 << 20
 
@@ -221,6 +223,20 @@ def _read_whole_block(path: str) -> tuple[bytes, bytes] | None:
         return header.key, bytes(payload)
     except (OSError, BlockCorruptedError):
         return None
+
+
+def _read_block_key(path: str) -> bytes | None:
+    """The key in a block file's header, or None if the file is gone or not a block."""
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError:
+        return None
+    try:
+        return parse_header(os.pread(fd, HEADER.size + MAX_KEY_BYTES, 0), where=path).key
+    except (OSError, BlockCorruptedError):
+        return None
+    finally:
+        os.close(fd)
 
 
 def _fsync_dir(path: str) -> None:
@@ -633,6 +649,9 @@ class SSDTier(SecondaryTier):
         self._idle: asyncio.Event | None = None
         self._busy: dict[bytes, asyncio.Future[None]] = {}
         self._evicted: deque[tuple[bytes, bytes]] = deque()
+        # Keys evicted with nothing handed over, for the engine's removed events (bounded: a
+        # tier used without an engine never has them taken).
+        self._evicted_keys: deque[bytes] = deque(maxlen=_EVICTED_KEYS_MAX)
         self._evicted_bytes = 0
         # A block evicted for the tier below stays findable until the engine has taken it:
         # first as its file (``_leaving``: digest -> size, while a hop reads then unlinks it),
@@ -1055,6 +1074,7 @@ class SSDTier(SecondaryTier):
             self._next_stamp(),
         )
         op.leaving = leaving
+        op.report = self.report_evicted and not self.handover_evicted
         return op
 
     def _supersede(self, key: bytes, digest: bytes) -> None:
@@ -1137,7 +1157,10 @@ class SSDTier(SecondaryTier):
     def _write_finished(self, op: _WriteOp, outcome: Any) -> None:
         if not isinstance(outcome, BaseException):
             evicted, failure = outcome
-            self._hand_over(op, evicted)
+            if op.report:
+                self._note_evicted(k for k, _ in evicted)
+            else:
+                self._hand_over(op, evicted)
             if failure is not None:
                 outcome = failure
         for d in op.leaving:
@@ -1163,6 +1186,8 @@ class SSDTier(SecondaryTier):
             # Evicted by another write while ours was on a thread: remove what we just wrote,
             # and report the write done only then (disk and index agree when a write returns).
             self._enqueue(_UnlinkOp(self, op.final, op.digest, then=op))
+            if op.report:
+                self._note_evicted((op.key,))
             return
         self._release(op.digest)
         op.settle(None)
@@ -1183,6 +1208,16 @@ class SSDTier(SecondaryTier):
             digest = key_digest(key)
             if self._handed.get(digest) is data:
                 del self._handed[digest]
+
+    def _note_evicted(self, keys: Iterable[bytes]) -> None:
+        """Remember evicted keys for removed events, unless written here again meanwhile."""
+        budget = self._budget
+        self._evicted_keys.extend(k for k in keys if key_digest(k) not in budget)
+
+    def take_evicted_keys(self) -> list[bytes]:
+        out = list(self._evicted_keys)
+        self._evicted_keys.clear()
+        return out
 
     def take_evicted(self) -> list[tuple[bytes, bytes]]:
         out = list(self._evicted)
@@ -1311,6 +1346,7 @@ class _WriteOp(_Op):
         "key",
         "leaving",
         "old_path",
+        "report",
         "size",
         "skip",
         "stamp",
@@ -1349,6 +1385,8 @@ class _WriteOp(_Op):
         self.skip = False
         #: Victims being handed over to the tier below (digests in the tier's ``_leaving``).
         self.leaving: list[bytes] = []
+        #: Name the victims (their keys, read from the headers) when nothing is handed over.
+        self.report = False
 
     def run(self) -> tuple[list[tuple[bytes, bytes]], BaseException | None]:
         """Make room, then write; the victims' bytes are returned even when the write fails."""
@@ -1358,6 +1396,10 @@ class _WriteOp(_Op):
                 got = _read_whole_block(victim)
                 if got is not None:
                     evicted.append(got)
+            elif self.report:
+                key = _read_block_key(victim)
+                if key is not None:
+                    evicted.append((key, b""))
             _unlink_quiet(victim)
         if self.skip:
             for p in (self.final, self.old_path):
@@ -1365,6 +1407,8 @@ class _WriteOp(_Op):
                     _unlink_quiet(p)
             if self.handover:
                 evicted.append((self.key, bytes(self.data)))
+            elif self.report:
+                evicted.append((self.key, b""))
             return evicted, None
         try:
             self._write()

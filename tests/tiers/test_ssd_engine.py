@@ -196,3 +196,54 @@ async def test_ssd_evictions_cascade_to_the_tier_below(tmp_path: Path) -> None:
         assert ssd.usage().bytes_used <= 3 * size
         for i in range(9):
             assert await engine.get(f"k{i}".encode()) == blob(i)
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+async def test_evictions_of_the_last_tier_are_reported_as_removed_events(
+    tmp_path: Path, wrapped: bool
+) -> None:
+    """With nothing below, the SSD tier names what it evicts (keys read from the victims'
+    headers): replaying the events gives exactly what the tier holds, in LRU order. The same
+    through ``FaultyTier`` with no faults (it forwards the hand-over attributes)."""
+    from aiotier.testing import FaultyTier
+
+    root = tmp_path / "ssd"
+    size = HEADER.size + 2 + BS
+    ssd = SSDTier(root, 3 * size)
+    tier = FaultyTier(ssd, seed=0) if wrapped else ssd
+    async with TieringEngine(PrimaryTier(2, BS), [tier], write_policy="write_back") as engine:
+        assert ssd.report_evicted and not ssd.handover_evicted
+        for i in range(9):
+            assert await engine.put(f"k{i}".encode(), blob(i))
+        await engine.flush(timeout=10)
+        held: set[bytes] = set()
+        removed_order: list[bytes] = []
+        for ev in engine.take_events():
+            if ev.tier != "ssd":
+                continue
+            if ev.removed:
+                held.difference_update(ev.keys)
+                removed_order.extend(ev.keys)
+            else:
+                held.update(ev.keys)
+        on_disk = {k for i in range(9) if ssd.contains_hint(k := f"k{i}".encode())}
+        assert held == on_disk == {b"k4", b"k5", b"k6"}  # k7, k8 still in the primary
+        assert removed_order == [b"k0", b"k1", b"k2", b"k3"]  # least recently written first
+        assert ssd.evictions == 4
+        assert ssd.take_evicted_keys() == []  # taken by the engine
+
+
+async def test_a_tier_without_an_engine_does_not_read_its_victims(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiotier.tiers import ssd as ssd_mod
+
+    reads: list[str] = []
+    real = ssd_mod._read_block_key
+    monkeypatch.setattr(ssd_mod, "_read_block_key", lambda p: reads.append(p) or real(p))
+    size = HEADER.size + 2 + 100
+    async with SSDTier(tmp_path / "ssd", 2 * size) as t:
+        assert await t.write_many([(f"k{i}".encode(), b"v" * 100) for i in range(5)]) == [None] * 5
+        assert t.evictions == 3
+        assert t.take_evicted_keys() == []
+    assert reads == []
