@@ -142,6 +142,7 @@ class TieringEngine:
         step_interval: float | None = None,
         max_pending_write_bytes: int | None = None,
         open_timeout: float = 300.0,
+        immutable_keys: bool = False,
     ) -> None:
         if not isinstance(primary, PrimaryTier):
             raise TypeError(f"primary must be a PrimaryTier, got {type(primary).__name__}")
@@ -164,6 +165,8 @@ class TieringEngine:
         if step_interval is not None:
             _positive("step_interval", step_interval)
         _positive("open_timeout", open_timeout)
+        if not isinstance(immutable_keys, bool):
+            raise ConfigError(f"immutable_keys must be a bool, got {immutable_keys!r}")
         if max_pending_write_bytes is None:
             max_pending_write_bytes = max(primary.arena.nbytes, 64 << 20)
         for field, value in (("max_inflight_promotions", max_inflight_promotions),
@@ -182,6 +185,9 @@ class TieringEngine:
         self.pin_steps = pin_steps
         self.step_interval = step_interval
         self.open_timeout = float(open_timeout)
+        #: Keys name their content (a hash of the bytes, as vLLM's prefix-cache block hashes):
+        #: a put or store of a key never changes its bytes, so copies below stay valid.
+        self.immutable_keys = immutable_keys
 
         # the hot path reads these directly
         self._arena = primary.arena
@@ -1108,6 +1114,12 @@ class TieringEngine:
             if any(queued):
                 self._demoting[k] = data
             self._table.clean[slot] = 1
+            return
+        if self.immutable_keys:
+            # the same bytes as any copy below: keep those copies (other engines sharing a
+            # tier may be reading them), and skip the write-back if the first tier has one
+            held = bool(self.tiers) and not self._writing[0][k] and self._hint(0, k) is True
+            self._table.clean[slot] = 1 if held else 0
             return
         self._table.clean[slot] = 0
         for ti in range(len(self.tiers)):

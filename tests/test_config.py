@@ -42,6 +42,7 @@ def test_environment_variables() -> None:
         "AIOTIER_PRIMARY_NUM_BLOCKS": "16",
         "AIOTIER_PRIMARY_BLOCK_SIZE": "512",
         "AIOTIER_ENGINE_MAX_INFLIGHT_PROMOTIONS": "8",
+        "AIOTIER_ENGINE_IMMUTABLE_KEYS": "true",
         "AIOTIER_TIERS_0_TYPE": "memory",
         "AIOTIER_TIERS_0_CAPACITY_BYTES": "4096",
         "PATH": "/usr/bin",
@@ -49,6 +50,7 @@ def test_environment_variables() -> None:
     assert config_from_env(env)["tiers"] == [{"type": "memory", "capacity_bytes": "4096"}]
     engine = engine_from_env(env)
     assert engine.primary.num_blocks == 16 and engine.max_inflight_promotions == 8
+    assert engine.immutable_keys is True
 
 
 @pytest.mark.parametrize(

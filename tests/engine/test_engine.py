@@ -266,6 +266,30 @@ async def test_put_replaces_everywhere() -> None:
         assert await e.get("k0") == b"new"
 
 
+async def test_immutable_keys_keep_copies_below_and_skip_rewriting_them() -> None:
+    """Content-addressed keys: a put of a key a tier holds neither removes that copy (another
+    engine sharing the tier may read it) nor writes it back again on eviction."""
+    tier = FaultyTier(await seeded_tier(1))  # k0 holds block(0) below
+    async with TieringEngine(PrimaryTier(1, 64), [tier], immutable_keys=True) as e:
+        assert await e.put("k0", block(0))
+        await e.flush()
+        assert tier.contains_hint(b"k0")
+        assert tier.calls["remove"] == 0
+        assert await e.put("k1", block(1))  # evicts k0: already below, not written again
+        await e.flush()
+        assert tier.calls["write"] == 0
+        assert await e.put("k2", block(2))  # evicts k1: not below yet, written down
+        await e.flush()
+        assert tier.calls["write"] == 1
+        assert await e.get("k0") == block(0)
+        assert await e.get("k1") == block(1)
+        assert await e.delete("k0")  # an explicit delete still removes it everywhere
+        await e.flush()
+        assert not tier.contains_hint(b"k0")
+    with pytest.raises(ConfigError, match="immutable_keys"):
+        TieringEngine(PrimaryTier(1, 64), immutable_keys=1)  # type: ignore[arg-type]
+
+
 async def test_put_over_a_loading_block_keeps_the_loader_view() -> None:
     async with TieringEngine(PrimaryTier(2, 64)) as e:
         assert await e.put("a", b"old")

@@ -74,6 +74,34 @@ async def test_two_engines_share_blocks_through_one_server(
     assert await b.get(b"never-written") is None
 
 
+@pytest.mark.parametrize("immutable", [False, True])
+async def test_a_store_keeps_the_fleets_copy_only_with_immutable_keys(
+    redis_url: str, immutable: bool
+) -> None:
+    """Engine B stores a block it computed itself that engine A already shared: by default B
+    removes the server's copy (a key may be rewritten with other bytes); with content-addressed
+    keys (``immutable_keys=True``) the copy stays for the rest of the fleet."""
+    async with engine_on(redis_url) as a:
+        assert await a.put(b"doc-hash-1", block(1))
+        tier_a = a.tiers[0]
+        assert isinstance(tier_a, RedisTier)
+        await wait_in_redis(redis_url, tier_a, [b"doc-hash-1"])
+    b = TieringEngine(
+        PrimaryTier(32, BLOCK),
+        [RedisTier(redis_url)],
+        write_policy="write_back",
+        immutable_keys=immutable,
+    )
+    client = redis_asyncio.Redis.from_url(redis_url)
+    try:
+        async with b:
+            assert await b.put(b"doc-hash-1", block(1))
+            await b.flush(timeout=10)
+            assert await client.exists(tier_a.redis_key(b"doc-hash-1")) == int(immutable)
+    finally:
+        await client.aclose()
+
+
 async def test_engines_in_other_namespaces_do_not_see_each_other(redis_url: str) -> None:
     async with (
         engine_on(redis_url, namespace="model-a") as a,
