@@ -277,5 +277,5 @@ async def run(quick: bool) -> list[Case]:
     cases = [await lookup_hit(1000, ops, rounds), await lookup_prefix(rounds, ops // 64)]
     cases += await scale([1000, 100_000] if quick else [1000, 100_000, 1_000_000], ops, rounds)
     cases.append(await memory(100_000 if quick else 1_000_000))
-    cases.append(await metrics_overhead(5 if quick else 20, 3 if quick else 7))
+    cases.append(await metrics_overhead(5 if quick else 20, 3 if quick else 15))
     return cases
