@@ -270,7 +270,10 @@ class _Group:
 
 
 class _Op:
-    """One queued unit of disk work: ``run`` on a tier thread, ``finish`` on the loop."""
+    """One queued unit of disk work: ``run`` on a tier thread, ``finish`` on the loop.
+
+    Reads run in two phases instead (``_ReadOp.start`` / ``complete``, see ``_run_ops``).
+    """
 
     __slots__ = ("fut", "group", "index", "nbytes", "started", "withdrawn")
 
@@ -819,9 +822,6 @@ class SSDTier(SecondaryTier):
         finally:
             self._hops -= 1
         for op, outcome in zip(batch, outcomes, strict=True):
-            if type(outcome) is int and outcome >= 0 and type(op) is _ReadOp:
-                op.settle(outcome)  # a block read and verified: nothing in the index changes
-                continue
             try:
                 op.finish(outcome)
             except Exception:  # finish only touches the index; never let one op stop the rest
@@ -983,6 +983,9 @@ class SSDTier(SecondaryTier):
         return out
 
     def _read_finished(self, op: _ReadOp, outcome: Any) -> None:
+        if type(outcome) is int and outcome >= 0:
+            op.settle(outcome)  # read and verified (the common case): the index is unchanged
+            return
         if outcome == -1 and op.digest in self._leaving:
             # Evicted, and its file already read for the tier below: the bytes arrive in
             # memory when that write's hop ends (_write_finished settles this read then).
@@ -1328,10 +1331,6 @@ class _ReadOp(_Op):
             return _verify_block(fd, self.path, self.key, self.hdr, self.buf, got, self.tier.name)
         finally:
             os.close(fd)
-
-    def run(self) -> int:
-        n = self.start()
-        return self.complete() if n is None else n
 
     def finish(self, outcome: Any) -> None:
         self.tier._read_finished(self, outcome)
