@@ -9,7 +9,6 @@ from dataclasses import dataclass
 __all__ = [
     "MAX_KEY_BYTES",
     "BlockEvent",
-    "Key",
     "LoadSpec",
     "LookupResult",
     "PrepareStoreOutput",
@@ -19,7 +18,6 @@ __all__ = [
     "normalize_keys",
 ]
 
-Key = bytes | str
 MAX_KEY_BYTES = 1024
 
 

@@ -161,31 +161,12 @@ class FaultyTier(SecondaryTier):
         return self.inner.contains_hint(key)
 
     @property
-    def evictions(self) -> int:
+    def evictions(self) -> int:  # type: ignore[override]
         return self.inner.evictions
 
-    @evictions.setter
-    def evictions(self, value: int) -> None:
-        if hasattr(self, "inner"):  # the base __init__ sets it before inner exists
-            self.inner.evictions = value
-
-    @property
-    def handover_evicted(self) -> bool:
-        return self.inner.handover_evicted
-
-    @handover_evicted.setter
-    def handover_evicted(self, value: bool) -> None:
-        if hasattr(self, "inner"):
-            self.inner.handover_evicted = value
-
-    @property
-    def report_evicted(self) -> bool:
-        return self.inner.report_evicted
-
-    @report_evicted.setter
-    def report_evicted(self, value: bool) -> None:
-        if hasattr(self, "inner"):
-            self.inner.report_evicted = value
+    def configure_evictions(self, *, hand_over: bool) -> None:
+        super().configure_evictions(hand_over=hand_over)
+        self.inner.configure_evictions(hand_over=hand_over)
 
     @property
     def persistent(self) -> bool:  # type: ignore[override]

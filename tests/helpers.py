@@ -14,3 +14,11 @@ async def eventually(cond: Callable[[], object], timeout: float = 10.0, what: st
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s: {what or cond}")
         await asyncio.sleep(0.002)
+
+
+def aiotier_tasks(kind: str = "") -> list[asyncio.Task[object]]:
+    """The engine's background tasks still running: promotions (``kind="promote"``), writers
+    (``"writer"``), the step ticker (``"step"``), or all of them. Engines name their tasks
+    ``aiotier-<kind>-...``."""
+    prefix = f"aiotier-{kind}"
+    return [t for t in asyncio.all_tasks() if t.get_name().startswith(prefix) and not t.done()]

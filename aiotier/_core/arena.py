@@ -59,6 +59,8 @@ class Arena:
         self._view[off : off + n] = data
         self.lengths[slot] = n
 
-    def close(self) -> None:
-        """Release the buffer (views handed out earlier must have been released)."""
-        self._view.release()
+    def set_length(self, slot: int, n: int) -> None:
+        """Record that ``n`` bytes were written into ``slot`` through its view."""
+        if not 0 <= n <= self.block_size:
+            raise ValueError(f"length {n} of slot {slot} is not in 0..{self.block_size}")
+        self.lengths[slot] = n

@@ -1,80 +1,90 @@
-"""Per-step metric buffers: plain ints, dicts and lists that the hot path touches cheaply.
+"""Per-step metric buffers: plain dicts and lists that the hot path touches cheaply.
 
-The engine adds to these between step boundaries; ``end_step`` hands the aggregates to the
-OpenTelemetry instruments (one ``add`` per counter and label set, one ``record`` per sample)
-and resets them. Label values are small fixed sets (tier names, results, outcomes, ops).
+Counters are keyed by ``(metric key, *label values)`` and samples likewise, with the keys of
+:data:`~aiotier._core.metrics.METRICS`; so a new metric needs a row there and nothing here. The
+step boundary hands the buffers over with :meth:`StepStats.take`: telemetry turns them into one
+``add`` per counter and label set and one ``record`` per sample, and :class:`TotalStats` keeps
+the counters' totals for ``EngineStats``.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-__all__ = ["StepStats", "TotalStats"]
+__all__ = ["StepSnapshot", "StepStats", "TotalStats"]
+
+CountKey = tuple[str, ...]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
+class StepSnapshot:
+    """One step's buffers, handed over at the step boundary."""
+
+    counts: Counter[CountKey]
+    samples: dict[CountKey, list[float]]
+
+
 class StepStats:
-    """Everything observed since the last step boundary."""
+    """Everything observed since the last step boundary.
 
-    # primary-tier lookup answers, kept as plain ints for the hot path
-    primary_hit: int = 0
-    primary_miss: int = 0
-    primary_retry: int = 0
-    # (tier, result) -> count for secondary tiers
-    lookups: Counter[tuple[str, str]] = field(default_factory=Counter)
-    sync_delays: list[float] = field(default_factory=list)
-    async_delays: list[float] = field(default_factory=list)
-    alloc_failures: Counter[str] = field(default_factory=Counter)  # phase -> count
-    alloc_sizes: list[int] = field(default_factory=list)
-    promotions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (tier, outcome)
-    promotion_durations: list[tuple[str, float]] = field(default_factory=list)
-    read_bytes: Counter[str] = field(default_factory=Counter)
-    write_bytes: Counter[str] = field(default_factory=Counter)
-    evictions: Counter[str] = field(default_factory=Counter)
-    tier_errors: Counter[tuple[str, str]] = field(default_factory=Counter)  # (tier, op)
+    The primary tier's lookup answers are plain ints (the primary-hit path bumps one attribute);
+    :meth:`take` folds them into ``("lookups", primary, result)``.
+    """
 
-    def lookup_counts(self, primary: str) -> Counter[tuple[str, str]]:
-        """All lookup answers by ``(tier, result)``, the primary's included."""
-        out = Counter(self.lookups)
+    __slots__ = ("_primary", "counts", "primary_hit", "primary_miss", "primary_retry", "samples")
+
+    def __init__(self, primary: str) -> None:
+        self._primary = primary
+        self.primary_hit = 0
+        self.primary_miss = 0
+        self.primary_retry = 0
+        self.counts: Counter[CountKey] = Counter()
+        self.samples: dict[CountKey, list[float]] = {}
+
+    def count(self, key: str, *labels: str, n: int = 1) -> None:
+        self.counts[(key, *labels)] += n
+
+    def observe(self, key: str, value: float, *labels: str) -> None:
+        k = (key, *labels)
+        values = self.samples.get(k)
+        if values is None:
+            self.samples[k] = [value]
+        else:
+            values.append(value)
+
+    def sample_count(self) -> int:
+        """How many samples are buffered (flushed early past a bound)."""
+        return sum(len(v) for v in self.samples.values())
+
+    def peek_counts(self) -> Counter[CountKey]:
+        """The counters so far, the primary's lookups included, without resetting anything."""
+        out = Counter(self.counts)
         for result, n in (
             ("hit", self.primary_hit),
             ("miss", self.primary_miss),
             ("retry", self.primary_retry),
         ):
             if n:
-                out[(primary, result)] += n
+                out[("lookups", self._primary, result)] += n
         return out
 
-    def samples(self) -> int:
-        """How many list entries are buffered (the engine flushes early past a bound)."""
-        return (
-            len(self.sync_delays)
-            + len(self.async_delays)
-            + len(self.alloc_sizes)
-            + len(self.promotion_durations)
-        )
+    def take(self) -> StepSnapshot:
+        """The buffers of this step; the buffers start empty again."""
+        snap = StepSnapshot(self.peek_counts(), self.samples)
+        self.primary_hit = self.primary_miss = self.primary_retry = 0
+        self.counts = Counter()
+        self.samples = {}
+        return snap
 
 
-@dataclass(slots=True)
 class TotalStats:
     """Counters accumulated over the engine's life, for ``EngineStats`` snapshots."""
 
-    counters: Counter[tuple[str, ...]] = field(default_factory=Counter)
+    __slots__ = ("counters",)
 
-    def merge(self, step: StepStats, primary: str) -> None:
-        c = self.counters
-        for (tier, result), n in step.lookup_counts(primary).items():
-            c[("lookups", tier, result)] += n
-        for phase, n in step.alloc_failures.items():
-            c[("allocation_failures", phase)] += n
-        for (tier, outcome), n in step.promotions.items():
-            c[("promotions", tier, outcome)] += n
-        for tier, n in step.read_bytes.items():
-            c[("read_bytes", tier)] += n
-        for tier, n in step.write_bytes.items():
-            c[("write_bytes", tier)] += n
-        for tier, n in step.evictions.items():
-            c[("evictions", tier)] += n
-        for (tier, op), n in step.tier_errors.items():
-            c[("tier_errors", tier, op)] += n
+    def __init__(self) -> None:
+        self.counters: Counter[CountKey] = Counter()
+
+    def merge(self, counts: Counter[CountKey]) -> None:
+        self.counters.update(counts)

@@ -2,28 +2,57 @@
 
 Per-slot state lives in flat arrays (one byte of state, one int of pins) and the only per-block
 Python objects are the index entry and the key itself, so a million-block table stays small.
+Every write to those arrays happens in a method of this class: the lifecycle of a slot is
+
+    FREE -> PENDING (a store in progress) -> READY
+    FREE -> PROMOTING (a promotion read in flight) -> READY
+    any state -> ORPHAN (replaced or deleted while pinned) -> FREE at its last unpin
+    READY -> FREE (evicted by policy)
 """
 
 from __future__ import annotations
 
+import enum
 from array import array
 from collections.abc import Iterable
 
 from .policy import EvictionPolicy
 
-__all__ = ["FREE", "ORPHAN", "PENDING", "PROMOTING", "READY", "BlockTable"]
+__all__ = ["FREE", "ORPHAN", "PENDING", "PROMOTING", "READY", "BlockTable", "SlotState"]
 
-FREE = 0
-PENDING = 1  # prepared by prepare_store/put, not completed yet
-PROMOTING = 2  # reserved for a promotion whose read is in flight
-READY = 3  # loadable
-ORPHAN = 4  # replaced or deleted while pinned; freed when the last pin goes
+
+class SlotState(enum.IntEnum):
+    """The state of one primary slot (stored as one byte per slot)."""
+
+    FREE = 0
+    PENDING = 1
+    """Prepared by ``prepare_store``, not completed yet."""
+    PROMOTING = 2
+    """Reserved for a promotion whose read is in flight."""
+    READY = 3
+    """Loadable."""
+    ORPHAN = 4
+    """Replaced or deleted while pinned; freed when the last pin goes."""
+
+
+FREE = SlotState.FREE
+PENDING = SlotState.PENDING
+PROMOTING = SlotState.PROMOTING
+READY = SlotState.READY
+ORPHAN = SlotState.ORPHAN
+
+#: What ``allocate`` hands a victim's owner: its key, its slot and whether its bytes were clean.
+Evicted = tuple[bytes, int, bool]
 
 
 class BlockTable:
-    """Slot allocation, block states and pins for one primary arena."""
+    """Slot allocation, block states and pins for one primary arena.
 
-    __slots__ = ("clean", "free", "index", "keys", "pins", "policy", "state")
+    ``index``, ``state`` and ``pins`` are read directly on hot paths; they are never replaced, so
+    an alias taken once stays valid.
+    """
+
+    __slots__ = ("_clean", "free", "index", "keys", "pins", "policy", "state")
 
     def __init__(self, num_blocks: int, policy: EvictionPolicy) -> None:
         self.index: dict[bytes, int] = {}
@@ -32,28 +61,47 @@ class BlockTable:
         self.pins = array("i", [0]) * num_blocks
         # 1 when the slot's bytes are known to be in the first secondary tier unchanged, so a
         # write-back eviction can skip the write.
-        self.clean = bytearray(num_blocks)
+        self._clean = bytearray(num_blocks)
         self.free: list[int] = list(range(num_blocks - 1, -1, -1))
         self.policy = policy
 
     def __len__(self) -> int:
         return len(self.index)
 
+    # -- questions -----------------------------------------------------------------------------
+
     def evictable(self, slot: int) -> bool:
         return self.state[slot] == READY and self.pins[slot] == 0
 
+    def ready_slot(self, key: bytes) -> int | None:
+        """The slot of ``key`` if it is loadable now."""
+        slot = self.index.get(key)
+        return slot if slot is not None and self.state[slot] == READY else None
+
+    def owns(self, key: bytes, slot: int) -> bool:
+        """Whether ``slot`` is still the current slot of ``key`` (not replaced or deleted)."""
+        return self.index.get(key) == slot
+
+    def is_clean(self, slot: int) -> bool:
+        return bool(self._clean[slot])
+
+    def pinned(self) -> int:
+        """How many slots hold at least one pin."""
+        return len(self.pins) - self.pins.count(0)
+
+    # -- transitions ---------------------------------------------------------------------------
+
     def allocate(
-        self, keys: list[bytes], state: int, protected: Iterable[int] = ()
-    ) -> tuple[list[int], list[tuple[bytes, int, int]]] | None:
+        self, keys: list[bytes], state: SlotState, protected: Iterable[int] = ()
+    ) -> tuple[list[int], list[Evicted]] | None:
         """Give each key (none present in the index) a slot in ``state``, evicting by policy.
 
         Returns ``(slots, evicted)`` where ``evicted`` lists ``(key, slot, clean)`` of the victims
         (their bytes are still in the arena until the new owner writes: copy them before
-        awaiting), or
-        ``None`` with nothing changed when not enough unpinned blocks exist.
+        awaiting), or ``None`` with nothing changed when not enough unpinned blocks exist.
         """
         need = len(keys) - len(self.free)
-        evicted: list[tuple[bytes, int, int]] = []
+        evicted: list[Evicted] = []
         if need > 0:
             guard = frozenset(protected)
             ok = self.evictable
@@ -67,21 +115,54 @@ class BlockTable:
                 self.keys[s] = None
                 self.state[s] = FREE
                 self.free.append(s)
-                evicted.append((k, s, self.clean[s]))
+                evicted.append((k, s, self._clean[s] == 1))
         slots: list[int] = []
+        index, owners, states, pins = self.index, self.keys, self.state, self.pins
+        clean, free, insert = self._clean, self.free, self.policy.insert
         for k in keys:
-            s = self.free.pop()
-            self.index[k] = s
-            self.keys[s] = k
-            self.state[s] = state
-            self.pins[s] = 0
-            self.clean[s] = 0
-            self.policy.insert(s, k)
+            s = free.pop()
+            index[k] = s
+            owners[s] = k
+            states[s] = state
+            pins[s] = 0
+            clean[s] = 0
+            insert(s, k)
             slots.append(s)
         return slots, evicted
 
+    def allocate_prefix(
+        self, keys: list[bytes], state: SlotState, protected: Iterable[int] = ()
+    ) -> tuple[list[int], list[Evicted]]:
+        """:meth:`allocate` for the longest leading run of ``keys`` that fits (maybe none)."""
+        got = self.allocate(keys, state, protected)
+        if got is None:
+            guard = frozenset(protected)
+            ok = self.evictable
+            room = len(self.free) + sum(
+                1 for s in self.policy.order() if ok(s) and s not in guard
+            )
+            got = self.allocate(keys[:room], state, guard)
+            assert got is not None, "the evictable slots were counted just now"
+        return got
+
+    def mark_ready(self, slot: int, *, clean: bool) -> None:
+        """A pending store completed or a promotion landed: the block is loadable."""
+        st = self.state[slot]
+        if st != PENDING and st != PROMOTING:
+            raise RuntimeError(f"slot {slot} is {SlotState(st).name}, not pending or promoting")
+        self.state[slot] = READY
+        self._clean[slot] = 1 if clean else 0
+
+    def set_clean(self, slot: int, clean: bool) -> None:
+        """Whether the first secondary tier holds exactly this slot's bytes."""
+        self._clean[slot] = 1 if clean else 0
+
+    def touch(self, slot: int) -> None:
+        """The block in ``slot`` was used (for the eviction policy)."""
+        self.policy.touch(slot)
+
     def release(self, slot: int) -> None:
-        """Return ``slot`` to the free list now (failed promotion, aborted store, delete)."""
+        """Return ``slot`` to the free list now."""
         k = self.keys[slot]
         if k is not None and self.index.get(k) == slot:
             del self.index[k]
@@ -112,7 +193,3 @@ class BlockTable:
         self.pins[slot] = n
         if n == 0 and self.state[slot] == ORPHAN:
             self.release(slot)
-
-    def unpin_all(self) -> None:
-        """Drop every pin (the engine closed: nobody can complete a load or store any more)."""
-        self.pins = array("i", bytes(self.pins.itemsize * len(self.pins)))

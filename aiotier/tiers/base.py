@@ -40,16 +40,16 @@ class SecondaryTier(ABC):
 
     #: Blocks evicted by the tier's own budget since it was created (monotonic; the engine
     #: reports the growth as ``aiotier_evictions_total``).
-    evictions: int
-    #: Set by the engine when a tier below can take this tier's evicted blocks; a tier that
-    #: can hand their bytes over then returns them from :meth:`take_evicted`.
-    handover_evicted: bool
+    evictions: int = 0
+    #: Whether evicted blocks' bytes are wanted from :meth:`take_evicted` (set through
+    #: :meth:`configure_evictions`).
+    handover_evicted: bool = False
     #: Whether :meth:`take_evicted` costs nothing extra (the bytes are in memory anyway): the
     #: engine then takes evictions from it even with no tier below, to report them as events.
     cheap_handover: bool = False
-    #: Set by the engine when this tier hands nothing over: the keys it evicts are then wanted
-    #: for removed events, from :meth:`take_evicted_keys`.
-    report_evicted: bool
+    #: Whether evicted keys are wanted from :meth:`take_evicted_keys` (set through
+    #: :meth:`configure_evictions`).
+    report_evicted: bool = False
     #: Whether blocks outlive this process (a disk, a server). At ``aclose()`` the engine
     #: writes the primary's blocks to the first persistent tier, so a restart keeps them.
     persistent: bool = True
@@ -58,12 +58,19 @@ class SecondaryTier(ABC):
         if name is not None and (not isinstance(name, str) or not name):
             raise TypeError(f"tier name must be a non-empty str, got {name!r}")
         self.name: str = name if name is not None else _default_name(type(self))
-        self.evictions = 0
-        self.handover_evicted = False
-        self.report_evicted = False
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r}>"
+
+    def configure_evictions(self, *, hand_over: bool) -> None:
+        """Called by the engine when it opens: what it wants to know of this tier's evictions.
+
+        With ``hand_over`` (a tier below can take them, or :attr:`cheap_handover`), keep the
+        evicted blocks' bytes for :meth:`take_evicted`; otherwise keep only their keys, for
+        :meth:`take_evicted_keys` (removed events). A wrapper tier forwards this to its inner.
+        """
+        self.handover_evicted = hand_over
+        self.report_evicted = not hand_over
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -158,15 +165,15 @@ class SecondaryTier(ABC):
     def take_evicted_keys(self) -> list[bytes]:
         """Keys evicted since the last call without their bytes being handed over.
 
-        Only while :attr:`report_evicted` is set; a tier that cannot name what it evicts (a
-        shared server evicting on its own) returns nothing.
+        Only while :attr:`report_evicted` is set (see :meth:`configure_evictions`); a tier
+        that cannot name what it evicts (a shared server evicting on its own) returns nothing.
         """
         return []
 
     def take_evicted(self) -> list[tuple[bytes, bytes]]:
         """Blocks evicted since the last call, with their bytes, for the tier below.
 
-        Only tiers that can hand bytes over cheaply (memory) return anything, and only while
-        :attr:`handover_evicted` is set.
+        Only tiers that can hand bytes over return anything, and only while
+        :attr:`handover_evicted` is set (see :meth:`configure_evictions`).
         """
         return []

@@ -72,7 +72,7 @@ def test_detach_of_a_pinned_block_waits_for_the_last_unpin() -> None:
 def test_arena_views_are_zero_copy_and_remember_lengths() -> None:
     arena = Arena(2, 8)
     arena.slot_view(1)[:3] = b"xyz"
-    arena.lengths[1] = 3
+    arena.set_length(1, 3)
     view = arena.data_view(1)
     assert view.readonly and bytes(view) == b"xyz"
     arena.write(0, b"hello")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from helpers import eventually
+from helpers import aiotier_tasks, eventually
 
 from aiotier import (
     BlockNotReadyError,
@@ -133,7 +133,7 @@ async def test_promoted_block_is_pinned_for_its_request_until_loaded() -> None:
         assert e.prepare_store(["y", "z"]) is None  # k0 is pinned for r1: only x can go
         out = e.prepare_store(["y"])
         assert out is not None and out.evicted_keys == (b"x",)
-        assert b"k0" in e._index  # still resident for r1
+        assert b"k0" in e.core.table.index  # still resident for r1
         e.complete_store(["y"])
         e.prepare_load(["k0"], R1)
         e.complete_load(["k0"], R1)
@@ -179,7 +179,7 @@ async def test_prepare_store_none_changes_nothing_and_counts() -> None:
         assert await e.put("a", b"a")
         e.prepare_load(["a"], R1)
         assert e.prepare_store(["b", "c"], R2) is None
-        assert set(e._index) == {b"a"}
+        assert set(e.core.table.index) == {b"a"}
         assert counter(e, "allocation_failures", "store") == 1
         out = e.prepare_store(["b", "b", "a"], R2)
         assert out is not None and out.keys_to_store == (b"b",)
@@ -309,7 +309,8 @@ async def test_put_over_a_pending_store_keeps_the_storer_slot_until_it_completes
         assert await e.put("k", b"put")  # the put wins; the storer's slot stays reserved
         for i in range(4):  # churn the other two slots: the storer's is never handed out
             assert await e.put(f"x{i}", b"x%d" % i)
-        assert out.store_spec.block_ids[0] not in {e._index[b"x2"], e._index[b"x3"]}
+        index = e.core.table.index
+        assert out.store_spec.block_ids[0] not in {index[b"x2"], index[b"x3"]}
         out.store_spec.buffers[0][:5] = b"store"  # the storer writes late: harms nobody
         assert [await e.get(f"x{i}") for i in (2, 3)] == [b"x2", b"x3"]
         e.complete_store(["k"], R1)
@@ -400,7 +401,7 @@ async def test_aclose_mid_promotion_leaks_nothing() -> None:
     e = TieringEngine(PrimaryTier(4, 64), [tier], promotion_timeout=30)
     async with e:
         assert await e.lookup_prefix(["k0", "k1"], R1) is None
-    assert not e._tasks and all(w.done() for w in e._writers)
+    assert not aiotier_tasks()
     assert e.stats().promotions_in_flight == 0
     with pytest.raises(TieringError, match="closed"):
         await e.lookup("k0")
@@ -422,7 +423,7 @@ async def test_bad_keys_raise_and_change_nothing(key: object, exc: type, match: 
                 await call
         with pytest.raises(exc, match=match):
             e.prepare_store(["b", key])  # type: ignore[list-item]
-        assert set(e._index) == {b"a"} and e.stats().pinned_blocks == 0
+        assert set(e.core.table.index) == {b"a"} and e.stats().pinned_blocks == 0
 
 
 async def test_bad_values_and_calls_raise_clearly() -> None:
@@ -445,7 +446,7 @@ async def test_bad_values_and_calls_raise_clearly() -> None:
             e.end_step(new_req_ids=[1])  # type: ignore[list-item]
         e.complete_store(["s"], R1, sizes=[8])  # the failed calls changed nothing
         assert await e.lookup("s") is HIT
-        assert set(e._index) == {b"s"}
+        assert set(e.core.table.index) == {b"s"}
 
 
 def test_bad_construction_is_rejected() -> None:

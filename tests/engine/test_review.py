@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 
 import pytest
-from helpers import eventually
+from helpers import aiotier_tasks, eventually
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -24,7 +24,6 @@ from aiotier import (
     RequestContext,
     TieringEngine,
 )
-from aiotier._core.table import READY
 from aiotier.testing import FaultyTier, MetricsProbe
 
 HIT, MISS, RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY
@@ -71,7 +70,7 @@ async def test_get_survives_eviction_of_its_promoted_block() -> None:
 
         async def evict_when_ready() -> None:
             for _ in range(100_000):  # poll every loop iteration, bounded
-                if b"k0" in e._index and e._state[e._index[b"k0"]] == READY:
+                if e.core.table.ready_slot(b"k0") is not None:
                     break
                 await asyncio.sleep(0)
             # before 42d4d3b k0 was unpinned here and this evicted it: get() answered None
@@ -102,7 +101,7 @@ async def test_get_with_a_request_leaves_no_request_state() -> None:
             assert await e.get("a", RequestContext(f"r{i}")) == b"a"
             assert await e.get("missing", RequestContext(f"m{i}")) is None
         e.end_step()
-        assert len(e._requests) == 0
+        assert len(e.core.requests) == 0
 
 
 async def test_request_finished_during_its_lookup_keeps_no_pin() -> None:
@@ -136,7 +135,7 @@ async def test_promotion_superseded_before_its_read_counts_cancelled(probe: Metr
     async with TieringEngine(PrimaryTier(4, 64), [tier], meter_provider=provider) as e:
         assert await e.lookup("k0", R1) is RETRY
         assert await e.put("k0", b"new")
-        await eventually(lambda: not e._tasks)
+        await eventually(lambda: not aiotier_tasks("promote"))
         e.end_step(finished_req_ids=["r1"])
         assert probe.value("aiotier_promotions_total", tier="memory", outcome="error") == 0
         assert probe.value("aiotier_promotions_total", tier="memory", outcome="cancelled") == 1
@@ -188,7 +187,7 @@ async def test_prepare_store_with_bad_req_changes_nothing() -> None:
         assert await e.put("old", b"o")
         with pytest.raises(TypeError, match="RequestContext"):
             e.prepare_store(["a", "b"], "r1")  # type: ignore[arg-type]
-        assert set(e._index) == {b"old"}
+        assert set(e.core.table.index) == {b"old"}
         assert e.stats().pinned_blocks == 0
 
 
@@ -209,7 +208,7 @@ async def test_put_of_a_wide_memoryview_stores_its_bytes_or_changes_nothing() ->
             stored = await e.put("k", wide)
         except (TypeError, ValueError):
             stored = False
-            assert set(e._index) == {b"old"}  # a clear error, nothing changed
+            assert set(e.core.table.index) == {b"old"}  # a clear error, nothing changed
         got = await e.get("k")
         assert got == (wide.tobytes() if stored else None)
 
@@ -233,7 +232,7 @@ async def test_completing_for_an_unknown_request_changes_nothing() -> None:
             e.complete_load(["a"], ghost)
         with pytest.raises(ValueError, match="did not prepare"):
             e.complete_store(["a"], ghost)
-        assert "ghost" not in e._requests
+        assert "ghost" not in e.core.requests
 
 
 # ----------------------------------------------------------------------------- write-back queue
@@ -347,7 +346,7 @@ async def test_write_through_older_copy_not_served_while_newer_write_queued() ->
         m2.delay("write", 0.3)
         assert await e.put("k", b"v2")  # m1's write fails (stale there), m2's is slow
         assert await e.put("x", b"x")  # evicts k: write_through keeps no copy of its own
-        await eventually(lambda: b"k" not in e._demoting)  # m1's write failed
+        await eventually(lambda: b"k" not in e.core.coherence.demoting)  # m1's write failed
         assert await e.get("k") in (b"v2", None)  # never the older v1 from m2
 
 
@@ -519,7 +518,7 @@ async def test_superseded_promotion_is_counted_once(probe: MetricsProbe) -> None
     async with TieringEngine(PrimaryTier(4, 64), [tier], meter_provider=provider) as e:
         assert await e.lookup("k0", R1) is RETRY
         assert await e.put("k0", b"new")  # replaces the promoting block
-        await eventually(lambda: not e._tasks)
+        await eventually(lambda: not aiotier_tasks("promote"))
         e.end_step(finished_req_ids=["r1"])
         assert probe.value("aiotier_promotions_total", tier="memory") == 1
     provider.shutdown()

@@ -27,6 +27,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from helpers import aiotier_tasks
+
 from aiotier import BlockNotReadyError, PrimaryTier, RequestContext, SSDTier, TieringEngine
 from aiotier.bench.common import LoopLagTicker
 
@@ -169,7 +171,7 @@ async def test_thousands_of_concurrent_requests_stay_bounded(tmp_path: Path) -> 
         assert stats.tiers["primary"].blocks <= NUM_BLOCKS
         assert stats.tiers["ssd"].bytes_used <= ssd.capacity_bytes
         counters = stats.counters
-    assert not engine._tasks
+    assert not aiotier_tasks()
     leftover = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
     assert not leftover, leftover
 

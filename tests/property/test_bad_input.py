@@ -121,22 +121,23 @@ class Harness:
 
     def snapshot(self) -> tuple[Any, ...]:
         e = self.engine
-        t = e._table
+        t = e.core.table
         return (
             dict(t.index),
             bytes(t.state),
             t.pins.tobytes(),
             e.stats().pinned_blocks,
             {
-                rid: (
+                rs.req_id: (
                     dict(rs.promo_pins),
                     {k: list(v) for k, v in rs.load_pins.items()},
                     dict(rs.stores),
                 )
-                for rid, rs in e._requests.items()
+                for rs in e.core.requests.live()
             },
-            sorted(e._inflight),
-            len(e._events),
+            sorted(e.core.inflight.waiting_keys()),
+            dict(e.core.inflight.store_deadline),
+            len(e.core.events),
         )
 
     def expect_rejected(self, call: Callable[[], Any], what: str) -> BaseException:

@@ -122,7 +122,7 @@ class EngineModel(RuleBasedStateMachine):
     def capacity_and_pins_hold(self) -> None:
         if self.engine is None:
             return
-        table = self.e._table
+        table = self.e.core.table
         assert len(table.index) <= self.e.primary.num_blocks
         assert min(table.pins) >= 0
         for k, slot in table.index.items():
@@ -141,7 +141,6 @@ class EngineModel(RuleBasedStateMachine):
                     assert self.run(self.e.get(k)) == v
                     assert self.run(self.e.lookup(k)) in (LookupResult.HIT, LookupResult.RETRY)
             self.run(self.e.aclose())
-            assert not self.e._tasks
         pending = asyncio.all_tasks(self.loop)
         assert not pending, pending
         self.loop.close()

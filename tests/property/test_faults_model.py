@@ -255,11 +255,11 @@ class FaultsModel(RuleBasedStateMachine):
         concurrent put, delete or eviction may have changed the block since. Then prepare_load
         refuses, and must leave every pin as it was.
         """
-        pins = list(self.e._table.pins)
+        pins = list(self.e.core.table.pins)
         try:
             spec = self.e.prepare_load(keys, req)
         except BlockNotReadyError:
-            assert list(self.e._table.pins) == pins, "a refused prepare_load changed pins"
+            assert list(self.e.core.table.pins) == pins, "a refused prepare_load changed pins"
             FIGURES["loads_raced"] += 1
             return
         seen = [bytes(buf) for buf in spec.buffers]
@@ -348,7 +348,7 @@ class FaultsModel(RuleBasedStateMachine):
 
     def _end_step(self, new: Sequence[str], finished: Sequence[str]) -> None:
         for rid in set(new) | set(finished):
-            rs = self.e._requests.get(rid)
+            rs = self.e.core.requests.get(rid)
             armed = rs is not None and rs.deferred_at is not None
             if rid in self.req_retried:
                 assert armed, f"request {rid!r} got RETRY but its deferral is not armed"
@@ -444,7 +444,6 @@ class FaultsModel(RuleBasedStateMachine):
 
         self.run(go())
         self.closed = True
-        assert not self.e._tasks
         assert self.e.stats().promotions_in_flight == 0
         assert self.e.stats().pinned_blocks == 0
         pending = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
@@ -457,10 +456,10 @@ class FaultsModel(RuleBasedStateMachine):
         # a read whose key was settled by a put or delete meanwhile runs on to its own timeout
         loop = asyncio.get_running_loop()
         deadline = loop.time() + PROMOTION_TIMEOUT + MARGIN
-        while self.e.stats().promotions_in_flight or self.e._inflight:
+        while self.e.stats().promotions_in_flight or self.e.core.inflight.waiting_keys():
             assert loop.time() < deadline, (
                 f"promotions still in flight: {self.e.stats().promotions_in_flight}, "
-                f"keys {list(self.e._inflight)}"
+                f"keys {self.e.core.inflight.waiting_keys()}"
             )
             await asyncio.sleep(0.002)
         self.e.end_step()  # hands the settled anonymous deferrals to the meter
@@ -474,7 +473,7 @@ class FaultsModel(RuleBasedStateMachine):
 
     def check_structure(self) -> None:
         e = self.e
-        table = e._table
+        table = e.core.table
         assert len(table.index) <= NUM_BLOCKS
         assert min(table.pins) >= 0
         stats = e.stats()
@@ -489,7 +488,7 @@ class FaultsModel(RuleBasedStateMachine):
             self._teardown()
         finally:
             # after a failure too: close the engine and reap every task before the loop goes
-            if self.engine is not None and not self.e._closed:
+            if self.engine is not None and not self.e.core.closed:
                 self.run(self.e.aclose(flush=False))
             leftover = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
             for t in leftover:
@@ -517,7 +516,6 @@ class FaultsModel(RuleBasedStateMachine):
                 FIGURES[f"{metric}_{labels[-1]}"] += n
         FIGURES["tier_calls"] += sum(sum(t.calls.values()) for t in self.tiers)
         self.run(self.e.aclose())
-        assert not self.e._tasks
         pending = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
         assert not pending, f"tasks survived aclose(): {pending}"
         FIGURES["examples"] += 1

@@ -61,9 +61,9 @@ async def test_sync_delay_accumulates_over_lookups(
     engine: TieringEngine, probe: MetricsProbe
 ) -> None:
     assert await engine.lookup("missing-a", R1) is LookupResult.MISS
-    first = engine._requests["r1"].sync_delay
+    first = engine.core.requests.get("r1").sync_delay
     assert await engine.lookup("missing-b", R1) is LookupResult.MISS
-    total = engine._requests["r1"].sync_delay
+    total = engine.core.requests.get("r1").sync_delay
     assert total > first > 0
     engine.end_step(new_req_ids=["r1"])
     assert probe.count(SYNC) == 1

@@ -1,0 +1,172 @@
+"""Tier readability: which tier may serve which key, so that no tier ever serves older bytes.
+
+A put, store or delete of a key changes its newest bytes in the primary at once, while the tiers
+below catch up through queued writes and removes. Until they do, a tier may hold an older copy,
+and reading it would resurrect old bytes. :meth:`Coherence.may_read` is the one question every
+read path asks; a tier is not read for a key while:
+
+- a remove of the key is queued for it (a put or delete superseded its copy);
+- its last write or remove of the key failed (``stale``: it may still hold an older copy);
+- a promotion of the key from it failed moments ago (back-off, cleared by a put or delete).
+
+Bytes on their way down (``demoting``: copied out of the primary, write not finished) are the
+newest copy below the primary and are served from memory before any tier is asked.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from .stats import StepStats
+
+__all__ = ["Coherence", "Hint"]
+
+#: A tier's ``contains_hint``: whether it holds a key, known without I/O, or None.
+Hint = Callable[[bytes], "bool | None"]
+
+
+class Coherence:
+    """Per tier: keys with queued writes and removes, stale keys, back-offs; bytes going down."""
+
+    __slots__ = (
+        "_backoff",
+        "_clock",
+        "_hints",
+        "_names",
+        "_removing",
+        "_stale",
+        "_stats",
+        "_writing",
+        "backoff_seconds",
+        "demoting",
+    )
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        hints: Sequence[Hint],
+        stats: StepStats,
+        clock: Callable[[], float],
+        backoff_seconds: float,
+    ) -> None:
+        n = len(names)
+        self._names = tuple(names)
+        self._hints = tuple(hints)
+        self._stats = stats
+        self._clock = clock
+        self.backoff_seconds = backoff_seconds
+        self._writing: list[Counter[bytes]] = [Counter() for _ in range(n)]
+        self._removing: list[Counter[bytes]] = [Counter() for _ in range(n)]
+        self._stale: list[set[bytes]] = [set() for _ in range(n)]
+        self._backoff: dict[tuple[int, bytes], float] = {}  # (tier, key) -> until
+        #: key -> its newest bytes, copied out of the primary and on their way down
+        self.demoting: dict[bytes, bytes] = {}
+
+    # -- questions -------------------------------------------------------------------------------
+
+    def may_read(self, ti: int, k: bytes) -> bool:
+        """Whether tier ``ti`` may serve ``k`` now."""
+        if self._removing[ti][k] or k in self._stale[ti]:
+            return False
+        until = self._backoff.get((ti, k))
+        if until is None:
+            return True
+        if self._clock() < until:
+            return False
+        del self._backoff[(ti, k)]
+        return True
+
+    def all_readable(self, ti: int) -> bool:
+        """True when no key can be unreadable in tier ``ti`` (one check per batch, not per key)."""
+        return not (self._removing[ti] or self._stale[ti] or self._backoff)
+
+    def holds(self, ti: int, k: bytes) -> bool | None:
+        """Whether tier ``ti`` holds the newest bytes of ``k``, as far as known without I/O.
+
+        None when it cannot tell (a remote tier) or its copy may be stale. A hint that raises
+        is counted as a tier error and means "cannot tell".
+        """
+        if k in self._stale[ti]:
+            return None
+        try:
+            return self._hints[ti](k)
+        except Exception:
+            self._stats.count("tier_errors", self._names[ti], "hint")
+            return None
+
+    def writing(self, ti: int, k: bytes) -> bool:
+        """A write of ``k`` to tier ``ti`` is queued or running."""
+        return self._writing[ti][k] > 0
+
+    def removing(self, ti: int, k: bytes) -> bool:
+        """A remove of ``k`` from tier ``ti`` is queued or running."""
+        return self._removing[ti][k] > 0
+
+    def is_stale(self, ti: int, k: bytes) -> bool:
+        """The last write or remove of ``k`` in tier ``ti`` failed."""
+        return k in self._stale[ti]
+
+    def stale_keys(self, ti: int) -> list[bytes]:
+        return list(self._stale[ti])
+
+    # -- transitions -----------------------------------------------------------------------------
+
+    def back_off(self, ti: int, k: bytes) -> None:
+        """A promotion of ``k`` from tier ``ti`` failed: do not read it there for a while."""
+        self._backoff[(ti, k)] = self._clock() + self.backoff_seconds
+
+    def replaced(self, k: bytes) -> None:
+        """A put, store or delete made new bytes (or none) the newest: every back-off and
+        every older copy on its way down is moot."""
+        if self._backoff:
+            for ti in range(len(self._names)):
+                self._backoff.pop((ti, k), None)
+        self.demoting.pop(k, None)
+
+    def prune_backoff(self) -> None:
+        """Forget back-offs that ran out (called at step boundaries; cheap when few)."""
+        if len(self._backoff) > 4096:
+            now = self._clock()
+            self._backoff = {key: u for key, u in self._backoff.items() if u > now}
+
+    def write_queued(self, ti: int, k: bytes) -> None:
+        self._writing[ti][k] += 1
+
+    def remove_queued(self, ti: int, k: bytes) -> None:
+        self._removing[ti][k] += 1
+
+    def write_done(self, ti: int, k: bytes) -> None:
+        _decrement(self._writing[ti], k)
+
+    def remove_done(self, ti: int, k: bytes) -> None:
+        _decrement(self._removing[ti], k)
+
+    def outcome(self, ti: int, k: bytes, *, ok: bool) -> None:
+        """A write or remove of ``k`` reached tier ``ti`` (``ok``) or failed: after a failure
+        the tier may hold an older copy, so it is not read until a later one succeeds."""
+        if ok:
+            self._stale[ti].discard(k)
+        else:
+            self._stale[ti].add(k)
+
+    def going_down(self, k: bytes, data: bytes) -> None:
+        self.demoting[k] = data
+
+    def landed(self, k: bytes, data: bytes) -> None:
+        """A demotion write of ``data`` finished: once no tier still writes ``k``, the bytes
+        are below and no longer served from memory (unless newer bytes replaced them)."""
+        if self.demoting.get(k) is data and not any(w[k] for w in self._writing):
+            del self.demoting[k]
+
+    def busy(self) -> bool:
+        """Writes or removes are queued or running somewhere."""
+        return any(self._writing) or any(self._removing)
+
+
+def _decrement(counter: Counter[bytes], k: bytes) -> None:
+    n = counter[k] - 1
+    if n <= 0:
+        del counter[k]
+    else:
+        counter[k] = n

@@ -1,0 +1,512 @@
+"""The engine's state machine: every state change of a lookup, load, store or step, and no I/O.
+
+:class:`EngineCore` composes the primary's arena and block table with the protocol state kept in
+the modules beside it (requests, pins, in-flight keys, tier coherence, write-back queues,
+promotions) and owns every transition of it. It awaits nothing: where a transition needs I/O it
+*returns* it (promotion batches to read, write ops queued for the writers) and the async engine
+performs it and hands the outcome back. So each rule of the SPEC is enforced in one synchronous
+place and can be unit-tested without an event loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import Final
+
+from .._types import (
+    BlockEvent,
+    LoadSpec,
+    LookupResult,
+    PrepareStoreOutput,
+    StoreSpec,
+)
+from ..errors import BlockNotReadyError
+from .arena import Arena
+from .coherence import Coherence, Hint
+from .inflight import InflightTable
+from .pins import PinLedger
+from .promotion import Promotions
+from .requests import RequestBook, RequestState
+from .stats import CountKey, StepSnapshot, StepStats, TotalStats
+from .table import PENDING, PROMOTING, READY, BlockTable, Evicted, SlotState
+from .writeback import WriteQueues, remove, write
+
+__all__ = ["EngineCore"]
+
+_HIT: Final = LookupResult.HIT
+_MISS: Final = LookupResult.MISS
+_RETRY: Final = LookupResult.RETRY
+MAX_EVENTS: Final = 65_536
+
+
+class EngineCore:
+    """Blocks in a primary arena over ``len(tier_names)`` secondary tiers, as plain state.
+
+    ``hints`` are the tiers' ``contains_hint`` (called synchronously; they do no I/O);
+    ``notify(ti)`` is called when an op is queued for tier ``ti``; ``clock`` gives seconds.
+    """
+
+    def __init__(
+        self,
+        arena: Arena,
+        table: BlockTable,
+        *,
+        primary_name: str = "primary",
+        tier_names: Sequence[str] = (),
+        hints: Sequence[Hint] = (),
+        write_policy: str = "write_back",
+        immutable_keys: bool = False,
+        promotion_timeout: float = 5.0,
+        backoff_seconds: float = 1.0,
+        pin_steps: int = 16,
+        max_inflight_promotions: int = 64,
+        max_pending_write_bytes: int = 64 << 20,
+        notify: Callable[[int], None] = lambda ti: None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.arena = arena
+        self.table = table
+        self.primary_name = primary_name
+        self.tier_names = tuple(tier_names)
+        self.write_policy = write_policy
+        self.immutable_keys = immutable_keys
+        self.promotion_timeout = promotion_timeout
+        self.clock = clock
+        self.stats = StepStats(primary_name)
+        self.totals = TotalStats()
+        self.events: deque[BlockEvent] = deque(maxlen=MAX_EVENTS)
+        self.requests = RequestBook()
+        self.pins = PinLedger(table, pin_steps)
+        self.inflight = InflightTable(self.stats)
+        self.coherence = Coherence(self.tier_names, hints, self.stats, clock, backoff_seconds)
+        self.writes = WriteQueues(
+            self.tier_names,
+            self.coherence,
+            self.stats,
+            self.events,
+            max_bytes=max_pending_write_bytes,
+            cascade=write_policy == "write_back",
+            notify=notify,
+        )
+        self.promotions = Promotions(self, max_inflight_promotions)
+        self.step = 0
+        #: set when the engine starts closing: lookups suspended in a tier start no promotion
+        self.closed = False
+        self._tier_evictions = [0] * len(self.tier_names)
+
+    # -- answers ---------------------------------------------------------------------------------
+
+    def primary_answer(
+        self,
+        k: bytes,
+        rs: RequestState | None,
+        now: float,
+        protected: list[int],
+        *,
+        hold: bool = True,
+    ) -> LookupResult | None:
+        """The primary's answer for ``k``, or None when the tiers must be asked.
+
+        Bytes on their way down are put back into the primary (HIT) if there is room.
+        """
+        slot = self.table.index.get(k)
+        if slot is not None:
+            st = self.table.state[slot]
+            if st == READY:
+                return _HIT
+            if st == PROMOTING:
+                if hold:
+                    self.hold(rs, k, slot)
+                return _RETRY
+            # PENDING: a store in flight answers RETRY until its deadline
+            return _RETRY if now < self.inflight.store_deadline.get(slot, 0.0) else _MISS
+        data = self.coherence.demoting.get(k)
+        if data is not None:
+            return _HIT if self.readmit(k, data, protected) else _MISS
+        return None
+
+    def settled_answer(self, k: bytes) -> LookupResult:
+        return _HIT if self.table.ready_slot(k) is not None else _MISS
+
+    def in_flight(self, k: bytes) -> tuple[int, float] | None:
+        """``(slot, seconds it may stay in flight)`` while ``k`` answers RETRY, else None.
+
+        A pending store whose RETRY window ran out settles here (it answers MISS now).
+        """
+        slot = self.table.index.get(k)
+        if slot is None:
+            return None
+        st = self.table.state[slot]
+        if st == PROMOTING:
+            return slot, self.promotion_timeout
+        if st == PENDING:
+            deadline = self.inflight.store_deadline.get(slot)
+            if deadline is not None:
+                left = deadline - self.clock()
+                if left > 0:
+                    return slot, left
+                del self.inflight.store_deadline[slot]
+                self.settle(k)
+        return None
+
+    def settle(self, k: bytes) -> None:
+        self.inflight.settle(k, self.clock())
+
+    def hold(self, rs: RequestState | None, k: bytes, slot: int) -> None:
+        """Pin a promoting block for the caller that got RETRY for it, until it loads it."""
+        if rs is not None and not self.requests.is_live(rs):
+            return  # the request finished while its lookup awaited a tier: it holds nothing
+        if self.pins.hold_retry(rs, k, slot, self.step):
+            assert rs is not None
+            self.inflight.add_holder(k, rs)
+
+    def defer(self, rs: RequestState | None, keys: Iterable[bytes]) -> None:
+        """Arm the async delay: per request at its first RETRY, per anonymous call until the
+        last of its keys in flight settles."""
+        now = self.clock()
+        if rs is not None:
+            rs.defer(now)
+        else:
+            self.inflight.defer((k for k in keys if self.in_flight(k) is not None), now)
+
+    def add_sync_delay(self, rs: RequestState | None, seconds: float) -> None:
+        if rs is not None:
+            rs.add_sync(seconds)
+        else:  # anonymous calls are observed at once, as their own requests
+            self.stats.observe("sync_delay", seconds)
+
+    # -- evictions and write-back ------------------------------------------------------------------
+
+    def evicted(self, evicted: list[Evicted]) -> list[bytes]:
+        """Account primary evictions; under write-back copy the bytes out (before the slots are
+        reused) for the first tier, unless it already holds them."""
+        if not evicted:
+            return []
+        keys = [k for k, _, _ in evicted]
+        self.stats.counts[("evictions", self.primary_name)] += len(evicted)
+        self.events.append(BlockEvent(tuple(keys), self.primary_name, True))
+        if self.write_policy == "write_back" and self.tier_names:
+            coherence = self.coherence
+            read = self.arena.read
+            for k, slot, clean in evicted:
+                if clean and not coherence.removing(0, k) and coherence.holds(0, k) is not False:
+                    continue
+                self.writes.demote(0, k, read(slot))
+        return keys
+
+    def readmit(self, k: bytes, data: bytes, protected: Sequence[int] = ()) -> bool:
+        """Put bytes that are on their way down back into the primary, if there is room."""
+        got = self.table.allocate([k], READY, protected)
+        if got is None:
+            self.stats.counts[("allocation_failures", "promotion")] += 1
+            return False
+        (slot,), evicted = got
+        self.evicted(evicted)
+        self.arena.write(slot, data)
+        return True
+
+    def replaced_everywhere(self, k: bytes, slot: int) -> None:
+        """New bytes of ``k`` landed in ``slot``: no tier may serve an older version."""
+        coherence = self.coherence
+        coherence.replaced(k)
+        tiers = range(len(self.tier_names))
+        if self.write_policy == "write_through" and self.tier_names:
+            data = self.arena.read(slot)
+            # on their way down until every tier has them: lookups find these bytes, never an
+            # older copy a tier still holds while its write is queued
+            for ti in tiers:
+                self.writes.demote(ti, k, data)
+            self.table.set_clean(slot, True)
+            return
+        if self.immutable_keys:
+            # the same bytes as any copy below: keep those copies (other engines sharing a tier
+            # may be reading them), and skip the write-back if the first tier has one
+            held = bool(self.tier_names) and not coherence.writing(0, k)
+            self.table.set_clean(slot, held and coherence.holds(0, k) is True)
+            return
+        self.table.set_clean(slot, False)
+        for ti in tiers:
+            if coherence.writing(ti, k) or coherence.holds(ti, k) is not False:
+                self.writes.push(ti, remove(k))
+
+    def write_down_primary(self, ti: int) -> None:
+        """At close (write-back): queue the primary's blocks for tier ``ti`` (persistent).
+
+        Blocks that tier already holds are skipped: a put or store of a key removes its older
+        copies everywhere, so a copy below is always the same bytes.
+        """
+        table, coherence = self.table, self.coherence
+        for k, slot in list(table.index.items()):
+            if table.state[slot] != READY:
+                continue
+            hint = coherence.holds(ti, k)
+            held = hint or (ti == 0 and table.is_clean(slot) and hint is None)
+            if held and not coherence.removing(ti, k):  # a queued remove will take that copy
+                continue
+            self.writes.push(ti, write(k, self.arena.read(slot)))
+
+    # -- loads -----------------------------------------------------------------------------------
+
+    def request(self, req_id: str | None) -> RequestState:
+        """The state of ``req_id`` (created at its first call), or the anonymous one."""
+        return self.requests.anonymous if req_id is None else self.requests.open(req_id)
+
+    def known_request(self, req_id: str | None) -> RequestState:
+        """The state of a request that prepared something (an empty one if it never did)."""
+        return self.requests.anonymous if req_id is None else self.requests.known(req_id)
+
+    def prepare_load(self, ks: Sequence[bytes], req_id: str | None = None) -> LoadSpec:
+        """Pin every key (each must be a HIT) and return read-only views of their bytes;
+        ``BlockNotReadyError`` (nothing pinned) names a key that is not."""
+        table = self.table
+        slots = []
+        for k in ks:
+            slot = table.index.get(k)
+            if slot is None or table.state[slot] != READY:
+                what = "absent" if slot is None else _STATE_NAMES[SlotState(table.state[slot])]
+                raise BlockNotReadyError(
+                    f"block {k[:64]!r} is not loadable from the primary tier ({what}); "
+                    "nothing was pinned"
+                )
+            slots.append(slot)
+        self.pins.pin_loads(self.request(req_id), ks, slots)
+        view = self.arena.data_view
+        return LoadSpec(tuple(slots), tuple(view(s) for s in slots))
+
+    def complete_load(self, ks: Sequence[bytes], req_id: str | None = None) -> None:
+        self.pins.unpin_loads(self.known_request(req_id), ks)
+
+    def touch(self, ks: Iterable[bytes]) -> None:
+        index, touch = self.table.index, self.table.touch
+        for k in ks:
+            slot = index.get(k)
+            if slot is not None:
+                touch(slot)
+
+    # -- stores ----------------------------------------------------------------------------------
+
+    def prepare_store(
+        self, ks: Sequence[bytes], req_id: str | None = None
+    ) -> PrepareStoreOutput | None:
+        """Allocate primary blocks for the keys not yet present; None (nothing changed) if full."""
+        rs = self.request(req_id)
+        index = self.table.index
+        new: list[bytes] = []
+        seen: set[bytes] = set()
+        protected: list[int] = []
+        for k in ks:
+            if k in seen:
+                continue
+            seen.add(k)
+            slot = index.get(k)
+            if slot is None:
+                new.append(k)
+            else:
+                protected.append(slot)
+        self.stats.observe("allocation_size", len(new))
+        got = self.table.allocate(new, PENDING, protected) if new else ([], [])
+        if got is None:
+            self.stats.counts[("allocation_failures", "store")] += 1
+            return None
+        slots, evicted = got
+        evicted_keys = self.evicted(evicted)
+        deadline = self.clock() + self.promotion_timeout
+        store_deadline = self.inflight.store_deadline
+        for k, slot in zip(new, slots, strict=True):
+            self.pins.pin_store(rs, k, slot)
+            store_deadline[slot] = deadline
+        view = self.arena.slot_view
+        spec = StoreSpec(tuple(slots), tuple(view(s) for s in slots))
+        return PrepareStoreOutput(tuple(new), spec, tuple(evicted_keys))
+
+    def complete_store(
+        self,
+        ks: Sequence[bytes],
+        req_id: str | None = None,
+        *,
+        success: bool = True,
+        sizes: Sequence[int] | None = None,
+    ) -> None:
+        """Make prepared blocks loadable (``sizes`` gives lengths), or free them on failure."""
+        bs = self.arena.block_size
+        if sizes is None:
+            lengths = [bs] * len(ks)
+        else:
+            lengths = list(sizes)
+            if len(lengths) != len(ks):
+                raise ValueError(f"sizes has {len(lengths)} entries for {len(ks)} keys")
+            for k, n in zip(ks, lengths, strict=True):
+                if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= bs:
+                    raise ValueError(f"size {n!r} of block {k[:64]!r} is not in 0..{bs}")
+        rs = self.known_request(req_id)
+        self.pins.check_stores(rs, ks)
+        table = self.table
+        stored: list[bytes] = []
+        for k, n in zip(ks, lengths, strict=True):
+            slot = self.pins.take_store(rs, k)
+            if slot is None:
+                continue  # completes an earlier prepare, which a put or delete superseded
+            self.inflight.store_deadline.pop(slot, None)
+            if table.state[slot] != PENDING or not table.owns(k, slot):
+                continue  # replaced or deleted meanwhile: the newer write wins
+            if success:
+                self.arena.set_length(slot, n)
+                table.mark_ready(slot, clean=False)
+                table.touch(slot)
+                stored.append(k)
+            else:
+                table.detach(slot)
+            self.settle(k)
+        if stored:
+            self.events.append(BlockEvent(tuple(stored), self.primary_name, False))
+            for k in stored:
+                self.replaced_everywhere(k, table.index[k])
+
+    # -- the cache API's synchronous halves --------------------------------------------------------
+
+    def put(self, k: bytes, data: bytes | bytearray | memoryview) -> bool:
+        """Store ``data`` in the primary, replacing ``k`` everywhere; False when no room."""
+        table = self.table
+        slot = table.index.get(k)
+        if slot is not None and table.state[slot] == READY and table.pins[slot] == 0:
+            self.arena.write(slot, data)  # in place: no new block requested
+            table.touch(slot)
+        else:
+            self.stats.observe("allocation_size", 1)
+            got = table.allocate([k], READY) if slot is None else self._replace_slot(k, slot)
+            if got is None:
+                self.stats.counts[("allocation_failures", "store")] += 1
+                return False
+            (slot,), evicted = got
+            self.evicted(evicted)  # copies the victims' bytes out before the slot is reused
+            self.arena.write(slot, data)
+        self.events.append(BlockEvent((k,), self.primary_name, False))
+        self.replaced_everywhere(k, slot)
+        return True
+
+    def _replace_slot(self, k: bytes, old: int) -> tuple[list[int], list[Evicted]] | None:
+        """A fresh slot for ``k`` whose current slot is pinned, pending or promoting; the old
+        one is forgotten only once the allocation succeeded, so a full arena changes nothing."""
+        got = self.table.allocate([k], READY, (old,))
+        if got is not None:
+            self.forget(k, old)
+        return got
+
+    def forget(self, k: bytes, slot: int) -> None:
+        """Drop the primary's block for ``k``: in-flight readers and loaders keep their pins."""
+        st = self.table.state[slot]
+        if st == PROMOTING:
+            self.pins.drop_retry_pins(k, slot, self.inflight.holders(k))
+        elif st == PENDING:
+            self.inflight.store_deadline.pop(slot, None)
+        self.table.detach(slot)
+        self.settle(k)
+
+    def delete(self, k: bytes, done: Sequence[Callable[[bool], None]]) -> bool:
+        """Drop ``k`` from the primary and queue its removal from every tier (``done[ti]`` gets
+        whether tier ``ti`` had it); True if the primary or a demotion had it."""
+        present = False
+        slot = self.table.index.get(k)
+        if slot is not None:
+            present = self.table.state[slot] in (READY, PROMOTING)
+            self.forget(k, slot)
+            self.events.append(BlockEvent((k,), self.primary_name, True))
+        if k in self.coherence.demoting:
+            present = True
+        self.coherence.replaced(k)
+        for ti, callback in enumerate(done):
+            self.writes.push(ti, remove(k, callback))
+        return present
+
+    def copy_ready(self, k: bytes) -> bytes | None:
+        """The bytes of ``k`` if it is loadable from the primary (marking it recently used)."""
+        slot = self.table.ready_slot(k)
+        if slot is None:
+            return None
+        self.table.touch(slot)
+        return self.arena.read(slot)
+
+    # -- the step boundary -----------------------------------------------------------------------
+
+    def end_step(self, new: Iterable[str], finished: Iterable[str]) -> None:
+        """Observe delays, release finished requests and expired pins, expire store windows."""
+        now = self.clock()
+        delays = self.requests.step(new, finished, now)
+        observe = self.stats.observe
+        for v in delays.sync:
+            observe("sync_delay", v)
+        for v in delays.deferred:
+            observe("async_delay", v)
+        for rs in delays.finished:
+            self.release_request(rs)
+        self.step += 1
+        self.pins.expire(self.step)
+        deadlines = self.inflight.store_deadline
+        if deadlines:
+            keys = self.table.keys
+            for slot, deadline in list(deadlines.items()):
+                if now >= deadline:
+                    del deadlines[slot]
+                    k = keys[slot]
+                    if k is not None:
+                        self.inflight.settle(k, now)
+        self.coherence.prune_backoff()
+
+    def release_request(self, rs: RequestState) -> None:
+        """A finished request lets go of everything it held; its pending stores are aborted."""
+        for k, slot in self.pins.release_request(rs):
+            self.inflight.store_deadline.pop(slot, None)
+            if self.table.state[slot] == PENDING and self.table.owns(k, slot):
+                self.table.detach(slot)
+                self.settle(k)
+
+    def take_events(self) -> list[BlockEvent]:
+        out = list(self.events)
+        self.events.clear()
+        return out
+
+    def take_step(self, tier_evictions: Sequence[int] = ()) -> StepSnapshot:
+        """Hand this step's metric buffers over (adding each tier's own evictions since the
+        last call, from its monotonic ``evictions``) and add them to the totals."""
+        for ti, n in enumerate(tier_evictions):
+            grown = n - self._tier_evictions[ti]
+            if grown > 0:
+                self.stats.counts[("evictions", self.tier_names[ti])] += grown
+            self._tier_evictions[ti] = n
+        snap = self.stats.take()
+        self.totals.merge(snap.counts)
+        return snap
+
+    def counters(self) -> Counter[CountKey]:
+        """Counter totals so far, the current step's included."""
+        out = Counter(self.totals.counters)
+        out.update(self.stats.peek_counts())
+        return out
+
+    def count_tier_evictions_from(self, tier_evictions: Sequence[int]) -> None:
+        """Each tier's ``evictions`` when the engine opened: only growth after it is counted."""
+        self._tier_evictions = list(tier_evictions)
+
+    # -- closing ---------------------------------------------------------------------------------
+
+    def release_all(self) -> None:
+        """The engine is closing (``closed`` is set) and its tasks are cancelled: promotions not
+        settled yet count as cancelled, every waiter wakes, every request lets go of its pins."""
+        self.promotions.cancel_all()
+        for k in self.inflight.waiting_keys():
+            self.settle(k)
+        for rs in self.requests.finish_all():
+            self.release_request(rs)
+        self.release_request(self.requests.anonymous)
+        self.pins.expire(self.step + self.pins.pin_steps + 1)
+
+
+_STATE_NAMES: Final = {
+    SlotState.FREE: "free",
+    SlotState.PENDING: "store pending",
+    SlotState.PROMOTING: "being promoted",
+    SlotState.READY: "ready",
+    SlotState.ORPHAN: "replaced",
+}

@@ -1,0 +1,98 @@
+"""The in-flight registry: keys whose answer is RETRY, and who is waiting for them.
+
+A key is in flight while its primary slot is PROMOTING (a promotion read) or PENDING within its
+store deadline (a store prepared, not completed). The table says which; this registry keeps what
+hangs off an in-flight key until it **settles** (becomes HIT or MISS):
+
+- waiters (``engine.wait``), woken by calling them;
+- anonymous deferrals, whose async delay is observed when the last of their keys settles;
+- the requests holding a RETRY pin on a promotion, whose pins go if it fails;
+- promotion batches in flight, and pending stores' RETRY deadlines.
+
+Every settle goes through :meth:`InflightTable.settle`, so nothing stays RETRY forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from .requests import RequestState
+from .stats import StepStats
+
+__all__ = ["Deferral", "InflightTable", "Waiter"]
+
+#: Called once when the key it waits for settles (the engine wraps a future in it).
+Waiter = Callable[[], None]
+
+
+class Deferral:
+    """An anonymous call's deferral: observed when the last of its keys settles."""
+
+    __slots__ = ("remaining", "start")
+
+    def __init__(self, start: float, remaining: int) -> None:
+        self.start = start
+        self.remaining = remaining
+
+
+class InflightTable:
+    """Waiters, anonymous deferrals and RETRY holders of in-flight keys; store deadlines."""
+
+    __slots__ = ("_deferrals", "_holders", "_stats", "_waiters", "promoting", "store_deadline")
+
+    def __init__(self, stats: StepStats) -> None:
+        self._stats = stats
+        self._waiters: dict[bytes, list[Waiter]] = {}
+        self._deferrals: dict[bytes, list[Deferral]] = {}
+        self._holders: dict[bytes, list[RequestState]] = {}
+        #: pending-store slot -> the time until which it answers RETRY
+        self.store_deadline: dict[int, float] = {}
+        #: keys whose promotion read is in flight (bounded by ``max_inflight_promotions``)
+        self.promoting = 0
+
+    def add_waiter(self, k: bytes, waiter: Waiter) -> None:
+        self._waiters.setdefault(k, []).append(waiter)
+
+    def remove_waiter(self, k: bytes, waiter: Waiter) -> None:
+        waiters = self._waiters.get(k)
+        if waiters is not None and waiter in waiters:
+            waiters.remove(waiter)
+            if not waiters:
+                del self._waiters[k]
+
+    def defer(self, keys: Iterable[bytes], now: float) -> None:
+        """An anonymous call got RETRY for ``keys`` (all in flight): one deferral for all."""
+        keys = list(keys)
+        if keys:
+            d = Deferral(now, len(keys))
+            deferrals = self._deferrals
+            for k in keys:
+                got = deferrals.get(k)
+                if got is None:
+                    deferrals[k] = [d]
+                else:
+                    got.append(d)
+
+    def add_holder(self, k: bytes, rs: RequestState) -> None:
+        self._holders.setdefault(k, []).append(rs)
+
+    def holders(self, k: bytes) -> list[RequestState]:
+        return self._holders.get(k, [])
+
+    def settle(self, k: bytes, now: float) -> None:
+        """``k`` is HIT or MISS now: wake its waiters, close the deferrals it completes."""
+        waiters = self._waiters.pop(k, None)
+        if waiters is not None:
+            for wake in waiters:
+                wake()
+        deferrals = self._deferrals.pop(k, None)
+        if deferrals is not None:
+            for d in deferrals:
+                d.remaining -= 1
+                if d.remaining == 0:
+                    self._stats.observe("async_delay", now - d.start)
+        self._holders.pop(k, None)
+
+    def waiting_keys(self) -> list[bytes]:
+        """Keys someone waits for or an anonymous deferral counts on (settled at close)."""
+        return list(self._waiters.keys() | self._deferrals.keys() | self._holders.keys())

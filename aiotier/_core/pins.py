@@ -1,0 +1,170 @@
+"""The pin ledger: who holds which pin on which primary slot, so each is released exactly once.
+
+Four kinds of pins keep a block from being evicted or reused:
+
+- a **RETRY pin**: a request got RETRY for a promotion; the promoted block waits for it until
+  it loads the block (``complete_load``), finishes, or ``pin_steps`` steps pass. Anonymous
+  lookups hold theirs until the next step boundary.
+- a **load pin**: ``prepare_load`` until ``complete_load``.
+- a **store pin**: ``prepare_store`` until ``complete_store`` (the storer holds a writable view).
+- a **read pin**: a promotion's own, until its read stops writing into the slot (kept by the
+  promotion, not here).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Iterable, Sequence
+
+from .requests import RequestState
+from .table import BlockTable
+
+__all__ = ["PinLedger"]
+
+
+class PinLedger:
+    """Pins taken on behalf of requests (and of anonymous calls), and their release."""
+
+    __slots__ = ("_anon_retry", "_expiry", "_table", "pin_steps")
+
+    def __init__(self, table: BlockTable, pin_steps: int) -> None:
+        self._table = table
+        self.pin_steps = pin_steps
+        self._anon_retry: dict[bytes, int] = {}  # anonymous RETRY pins, dropped at end_step
+        self._expiry: deque[tuple[int, RequestState, bytes, int]] = deque()
+
+    # -- RETRY pins ------------------------------------------------------------------------------
+
+    def hold_retry(self, rs: RequestState | None, k: bytes, slot: int, step: int) -> bool:
+        """Pin a promoting block for the caller that got RETRY for it (once per caller).
+
+        Returns True when a request (not an anonymous call) took a new pin: it is then one of
+        the block's holders, whose pins go if the promotion fails.
+        """
+        if rs is None:
+            if k not in self._anon_retry:
+                self._anon_retry[k] = slot
+                self._table.pin(slot)
+            return False
+        if k in rs.promo_pins:
+            return False
+        rs.promo_pins[k] = slot
+        self._table.pin(slot)
+        self._expiry.append((step + self.pin_steps, rs, k, slot))
+        return True
+
+    def drop_retry_pins(self, k: bytes, slot: int, holders: Iterable[RequestState]) -> None:
+        """A promotion failed or was superseded: its holders' RETRY pins on ``slot`` go now."""
+        unpin = self._table.unpin
+        for holder in holders:
+            if holder.promo_pins.get(k) == slot:
+                del holder.promo_pins[k]
+                unpin(slot)
+        if self._anon_retry.get(k) == slot:
+            del self._anon_retry[k]
+            unpin(slot)
+
+    def release_retry(self, rs: RequestState, k: bytes) -> None:
+        slot = rs.promo_pins.pop(k, None)
+        if slot is not None:
+            self._table.unpin(slot)
+
+    def expire(self, step: int) -> None:
+        """At the boundary that makes ``step`` current: RETRY pins past their steps, and every
+        anonymous one, go."""
+        expiry = self._expiry
+        while expiry and expiry[0][0] <= step:
+            _, rs, k, slot = expiry.popleft()
+            if rs.promo_pins.get(k) == slot:
+                self.release_retry(rs, k)
+        unpin = self._table.unpin
+        for slot in self._anon_retry.values():
+            unpin(slot)
+        self._anon_retry.clear()
+
+    # -- load pins -----------------------------------------------------------------------------
+
+    def pin_loads(self, rs: RequestState, keys: Sequence[bytes], slots: Sequence[int]) -> None:
+        pin = self._table.pin
+        for k, slot in zip(keys, slots, strict=True):
+            pin(slot)
+            rs.load_pins.setdefault(k, []).append(slot)
+
+    def unpin_loads(self, rs: RequestState, keys: Sequence[bytes]) -> None:
+        """Release one load pin per key, and the request's RETRY pin on it; ``ValueError`` (with
+        nothing released) names a key the request did not ``prepare_load``."""
+        for k, n in Counter(keys).items():
+            if len(rs.load_pins.get(k, ())) < n:
+                raise ValueError(
+                    f"complete_load of block {k[:64]!r} that request "
+                    f"{rs.req_id!r} did not prepare_load"
+                )
+        for k in keys:
+            slots = rs.load_pins[k]
+            self._table.unpin(slots.pop())
+            if not slots:
+                del rs.load_pins[k]
+            self.release_retry(rs, k)
+
+    # -- store pins ----------------------------------------------------------------------------
+
+    def pin_store(self, rs: RequestState, k: bytes, slot: int) -> None:
+        """The storer holds a writable view: the slot stays its own until ``complete_store``,
+        even if a put or delete of the key replaces it meanwhile."""
+        self._table.pin(slot)
+        old = rs.stores.get(k)
+        if old is not None:  # prepared again after a put/delete replaced the first one
+            rs.stale_stores.setdefault(k, []).append(old)
+        rs.stores[k] = slot
+
+    def check_stores(self, rs: RequestState, keys: Sequence[bytes]) -> None:
+        """``ValueError`` naming a key the request has no store prepared for."""
+        if len(set(keys)) != len(keys):
+            raise ValueError("complete_store was given the same key twice")
+        for k in keys:
+            if k not in rs.stores and not rs.stale_stores.get(k):
+                raise ValueError(
+                    f"complete_store of block {k[:64]!r} that request {rs.req_id!r} "
+                    "did not prepare (or already completed)"
+                )
+
+    def take_store(self, rs: RequestState, k: bytes) -> int | None:
+        """Release the store pin matching a ``complete_store`` of ``k``.
+
+        Stores of a key complete in the order they were prepared: an earlier prepare that a
+        put or delete superseded is completed first, and None says so (nothing to make ready).
+        Otherwise returns the slot of the current prepare, unpinned.
+        """
+        stale = rs.stale_stores.get(k)
+        if stale:
+            self._table.unpin(stale.pop(0))
+            if not stale:
+                del rs.stale_stores[k]
+            return None
+        slot = rs.stores.pop(k)
+        self._table.unpin(slot)
+        return slot
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def release_request(self, rs: RequestState) -> list[tuple[bytes, int]]:
+        """A finished request lets go of everything it held.
+
+        Returns its uncompleted stores ``(key, slot)``: the caller aborts those still pending.
+        """
+        for k in list(rs.promo_pins):
+            self.release_retry(rs, k)
+        unpin = self._table.unpin
+        for slots in rs.load_pins.values():
+            for slot in slots:
+                unpin(slot)
+        rs.load_pins.clear()
+        abandoned = list(rs.stores.items())
+        for _, slot in abandoned:
+            unpin(slot)  # an orphan (replaced meanwhile) is freed with its last pin
+        rs.stores.clear()
+        for slots in rs.stale_stores.values():
+            for slot in slots:
+                unpin(slot)
+        rs.stale_stores.clear()
+        return abandoned

@@ -1,0 +1,384 @@
+"""Lookups that reach below the primary, and the promotions they start.
+
+A slow-path lookup is a :class:`LookupScan`: :meth:`Promotions.begin` answers what the primary
+knows; the engine then asks each secondary tier in order about the keys still open
+(:meth:`Promotions.ask` names them, :meth:`Promotions.answered` takes the answers); and
+:meth:`Promotions.finish` reserves primary slots for what the tiers have and returns the reads
+to perform as :class:`PromotionBatch` records, one per tier. When a batch's read ends,
+:meth:`Promotions.completed` settles every key of it in one pass.
+
+Slots are reserved synchronously (state PROMOTING, pinned by the read), so a second lookup of
+the key, from any request, sees the promotion in flight and answers RETRY instead of starting
+another.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final
+
+from .._types import LookupResult
+from .requests import RequestState
+from .table import PENDING, PROMOTING
+
+if TYPE_CHECKING:
+    from .engine_core import EngineCore
+
+__all__ = ["LookupScan", "Outcome", "PromotionBatch", "Promotions"]
+
+_HIT: Final = LookupResult.HIT
+_MISS: Final = LookupResult.MISS
+_RETRY: Final = LookupResult.RETRY
+
+
+class Outcome(enum.Enum):
+    """How a promotion read ended (the ``outcome`` label of ``aiotier_promotions_total``)."""
+
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+
+
+class PromotionBatch:
+    """Keys read from one tier into their reserved slots by one task."""
+
+    __slots__ = ("keys", "slots", "started", "tier")
+
+    def __init__(self, tier: int, keys: list[bytes], slots: list[int], started: float) -> None:
+        self.tier = tier
+        self.keys = keys
+        self.slots = slots
+        self.started = started
+
+
+class LookupScan:
+    """One slow-path lookup of ``keys``: what is answered so far and what the tiers have.
+
+    ``hold`` pins each promoted block for the caller (``rs``, or until the next step for
+    anonymous calls); ``get`` passes False since it copies the bytes out at once.
+    """
+
+    __slots__ = (
+        "asked",
+        "consulted",
+        "exclude",
+        "found",
+        "hold",
+        "keys",
+        "need",
+        "open",
+        "prefix",
+        "protected",
+        "results",
+        "retry_keys",
+        "rs",
+        "unplaced",
+    )
+
+    def __init__(
+        self,
+        keys: list[bytes],
+        rs: RequestState | None,
+        exclude: int,
+        *,
+        prefix: bool,
+        hold: bool,
+    ) -> None:
+        self.keys = keys
+        self.rs = rs
+        self.exclude = exclude
+        self.prefix = prefix  # keys after the first that no tier has cannot extend the prefix
+        self.hold = hold
+        self.results: list[LookupResult] = [_MISS] * len(keys)
+        self.need: list[int] = []  # positions the primary could not answer
+        self.open: list[int] = []  # positions no tier has answered yet
+        self.asked: list[int] = []  # positions the tier being asked was asked about
+        self.protected: list[int] = []  # slots this lookup must not evict
+        self.retry_keys: list[bytes] = []
+        self.found: dict[int, list[int]] = {}  # tier -> positions it will promote
+        self.consulted = False  # whether a secondary tier was asked (it has a sync delay)
+        self.unplaced: list[tuple[int, int]] = []  # (position, tier) the primary had no room for
+
+
+class Promotions:
+    """Plans and settles promotions; part of :class:`~aiotier._core.engine_core.EngineCore`."""
+
+    __slots__ = ("_core", "in_flight", "max_in_flight")
+
+    def __init__(self, core: EngineCore, max_in_flight: int) -> None:
+        self._core = core
+        self.max_in_flight = max_in_flight
+        #: batches whose read has not been settled yet
+        self.in_flight: set[PromotionBatch] = set()
+
+    # -- the lookup ------------------------------------------------------------------------------
+
+    def begin(
+        self,
+        keys: list[bytes],
+        rs: RequestState | None,
+        exclude: int = -1,
+        *,
+        prefix: bool = False,
+        hold: bool = True,
+    ) -> LookupScan:
+        """Answer from the primary; the keys it cannot answer are left ``open`` for the tiers."""
+        core = self._core
+        stats = core.stats
+        scan = LookupScan(keys, rs, exclude, prefix=prefix, hold=hold)
+        results, protected = scan.results, scan.protected
+        index, state = core.table.index, core.table.state
+        now = core.clock()
+        for i, k in enumerate(keys):
+            answer = core.primary_answer(k, rs, now, protected, hold=hold)
+            if answer is None:
+                stats.primary_miss += 1
+                scan.need.append(i)
+                continue
+            results[i] = answer
+            slot = index.get(k)
+            if slot is not None and state[slot] != PENDING:
+                protected.append(slot)
+            if answer is _HIT:
+                stats.primary_hit += 1
+            elif answer is _RETRY:
+                stats.primary_retry += 1
+                scan.retry_keys.append(k)
+            else:
+                stats.primary_miss += 1
+        scan.open = scan.need
+        return scan
+
+    def begin_below(self, key: bytes) -> LookupScan:
+        """A lookup of one key the primary does not have, for ``get`` (which pins nothing)."""
+        scan = LookupScan([key], None, -1, prefix=False, hold=False)
+        scan.need = scan.open = [0]
+        return scan
+
+    def ask(self, scan: LookupScan, ti: int) -> list[bytes]:
+        """The keys to ask tier ``ti`` about (none: skip it)."""
+        if not scan.open or ti == scan.exclude:
+            return []
+        coherence = self._core.coherence
+        keys = scan.keys
+        if coherence.all_readable(ti):
+            scan.asked = scan.open
+        else:
+            scan.asked = [i for i in scan.open if coherence.may_read(ti, keys[i])]
+        if scan.asked:
+            scan.consulted = True
+        return [keys[i] for i in scan.asked]
+
+    def answered(self, scan: LookupScan, ti: int, answers: Sequence[LookupResult] | None) -> None:
+        """Tier ``ti``'s answers for the keys :meth:`ask` named; None when the call failed
+        (counted as a tier error; every key is a MISS there)."""
+        core = self._core
+        name = core.tier_names[ti]
+        asked = scan.asked
+        if answers is None:
+            core.stats.count("tier_errors", name, "lookup")
+            answers = [_MISS] * len(asked)
+        settled: set[int] = set()
+        hits: list[int] = []
+        retries = 0
+        results = scan.results
+        for i, a in zip(asked, answers, strict=True):
+            if a is _HIT:
+                hits.append(i)
+                settled.add(i)
+            elif a is _RETRY:
+                retries += 1
+                results[i] = _RETRY
+                settled.add(i)
+        counts = core.stats.counts
+        misses = len(asked) - len(settled)
+        for outcome, n in (("hit", len(hits)), ("retry", retries), ("miss", misses)):
+            if n:
+                counts[("lookups", name, outcome)] += n
+        if hits:
+            scan.found[ti] = hits
+        if settled:
+            scan.open = [i for i in scan.open if i not in settled]
+
+    def finish(self, scan: LookupScan, elapsed: float = 0.0) -> list[PromotionBatch]:
+        """End a lookup: :meth:`place` its promotions, then settle its answers.
+
+        ``elapsed`` is how long the tiers took: the caller's sync delay if any was asked. HITs
+        answered before the tiers were awaited turn into MISS if a concurrent call evicted them
+        meanwhile, and the caller's deferral is armed for its RETRY keys.
+        """
+        core = self._core
+        batches = self.place(scan)
+        results, keys = scan.results, scan.keys
+        if scan.need:
+            ready = core.table.ready_slot
+            for i, r in enumerate(results):
+                if r is _HIT and ready(keys[i]) is None:
+                    results[i] = _MISS
+            scan.retry_keys.extend(keys[i] for i in scan.need if results[i] is _RETRY)
+        if scan.consulted:  # only a lookup that asked a secondary tier has a sync delay
+            core.add_sync_delay(scan.rs, elapsed)
+        if scan.retry_keys:
+            core.defer(scan.rs, scan.retry_keys)
+        return batches
+
+    def place(self, scan: LookupScan) -> list[PromotionBatch]:
+        """Reserve slots for what the tiers have; return the reads to start, one per tier."""
+        batches: list[PromotionBatch] = []
+        found = scan.found
+        if found and not self._core.closed:
+            if scan.prefix and scan.open:
+                first_miss = scan.open[0]
+                found = {ti: [i for i in pos if i < first_miss] for ti, pos in found.items()}
+            for ti in sorted(found):
+                batch = self._start(scan, ti, found[ti])
+                if batch is not None:
+                    batches.append(batch)
+        return batches
+
+    def _start(self, scan: LookupScan, ti: int, positions: list[int]) -> PromotionBatch | None:
+        """Reserve slots for keys found in tier ``ti``; positions that get none answer MISS
+        (counted as allocation failures of the promotion phase)."""
+        core = self._core
+        table = core.table
+        results, ks, rs, protected = scan.results, scan.keys, scan.rs, scan.protected
+        keys: list[bytes] = []
+        where: list[int] = []
+        taken: set[bytes] = set()
+        index = table.index
+        demoting = core.coherence.demoting
+        coherence = core.coherence
+        check = not coherence.all_readable(ti)
+        now = core.clock()
+        for i in positions:
+            k = ks[i]
+            if check and not coherence.may_read(ti, k):
+                # a put or delete queued a remove while we awaited the tier: its answer is stale
+                results[i] = _MISS
+                continue
+            if k in index or k in taken or k in demoting:
+                # a concurrent lookup got there while this one awaited the tiers
+                answer = core.primary_answer(k, rs, now, protected, hold=scan.hold)
+                results[i] = answer if answer is not None else _MISS
+                continue
+            keys.append(k)
+            taken.add(k)
+            where.append(i)
+        room = max(self.max_in_flight - core.inflight.promoting, 0)
+        slots, evicted = table.allocate_prefix(keys[:room], PROMOTING, protected)
+        placed = len(slots)
+        for i in where[placed:]:
+            results[i] = _MISS
+            scan.unplaced.append((i, ti))
+        if len(where) > placed:
+            core.stats.count("allocation_failures", "promotion", n=len(where) - placed)
+        if not placed:
+            return None
+        del keys[placed:]
+        core.evicted(evicted)
+        pin = table.pin
+        hold = scan.hold
+        for k, slot, i in zip(keys, slots, where, strict=False):
+            pin(slot)  # the read's own pin: the slot stays reserved until the read stops
+            if hold:
+                core.hold(rs, k, slot)
+            results[i] = _RETRY
+        protected.extend(slots)
+        core.inflight.promoting += placed
+        batch = PromotionBatch(ti, keys, slots, core.clock())
+        self.in_flight.add(batch)
+        return batch
+
+    # -- the read's end --------------------------------------------------------------------------
+
+    def completed(
+        self,
+        batch: PromotionBatch,
+        outcome: Outcome,
+        lengths: Sequence[int | Exception] = (),
+        *,
+        read_stopped: bool = True,
+    ) -> list[int]:
+        """Settle every key of ``batch``: loadable where its read gave a length, MISS (and a
+        back-off from that tier) where it failed.
+
+        ``lengths`` are the read's per-key results when ``outcome`` is OK. Returns the slots of
+        failed keys still pinned by the read when it has not stopped (``read_stopped=False``):
+        release them with :meth:`release_read_pins` once it has.
+        """
+        if batch not in self.in_flight:
+            return []
+        self.in_flight.discard(batch)
+        core = self._core
+        table = core.table
+        stats = core.stats
+        name = core.tier_names[batch.tier]
+        ti = batch.tier
+        now = core.clock()
+        stats.observe("promotion_duration", now - batch.started, name)
+        if outcome is Outcome.OK and len(lengths) != len(batch.keys):
+            outcome = Outcome.ERROR
+        block_size = core.arena.block_size
+        set_length = core.arena.set_length
+        index = table.index
+        settle = core.inflight.settle
+        clean = ti == 0
+        failed: list[int] = []
+        ok = ok_bytes = 0
+        for n, (k, slot) in enumerate(zip(batch.keys, batch.slots, strict=True)):
+            result = lengths[n] if outcome is Outcome.OK else None
+            owned = index.get(k) == slot
+            if owned and isinstance(result, int) and 0 <= result <= block_size:
+                set_length(slot, result)
+                table.mark_ready(slot, clean=clean)
+                table.unpin(slot)
+                settle(k, now)
+                ok += 1
+                ok_bytes += result
+                continue
+            failed.append(slot)
+            if not owned:
+                # superseded by a put or delete meanwhile: whatever the read did is moot
+                stats.counts[("promotions", name, "cancelled")] += 1
+                continue
+            # -1 (the tier lost the block meanwhile) is a failed promotion, not a tier fault;
+            # a fault, a timeout or a length past the block size is both
+            if (
+                outcome in (Outcome.ERROR, Outcome.TIMEOUT)
+                or isinstance(result, Exception)
+                or (isinstance(result, int) and result > block_size)
+            ):
+                stats.counts[("tier_errors", name, "read")] += 1
+            label = Outcome.ERROR.value if outcome is Outcome.OK else outcome.value
+            stats.counts[("promotions", name, label)] += 1
+            self._failed(ti, k, slot, now)
+        if ok:
+            stats.counts[("promotions", name, "ok")] += ok
+            stats.counts[("read_bytes", name)] += ok_bytes
+        core.inflight.promoting -= len(batch.keys)
+        if read_stopped:
+            self.release_read_pins(failed)
+            return []
+        return failed
+
+    def release_read_pins(self, slots: Sequence[int]) -> None:
+        """The reads into ``slots`` stopped: their slots may be reused."""
+        unpin = self._core.table.unpin
+        for slot in slots:
+            unpin(slot)
+
+    def _failed(self, ti: int, k: bytes, slot: int, now: float) -> None:
+        """Turn the key into a MISS now, and back off from reading it from that tier."""
+        core = self._core
+        core.pins.drop_retry_pins(k, slot, core.inflight.holders(k))
+        core.table.detach(slot)  # an orphan until the read's own pin goes
+        core.coherence.back_off(ti, k)
+        core.inflight.settle(k, now)
+
+    def cancel_all(self) -> None:
+        """The engine closed: every batch not settled yet was cancelled (its read stopped)."""
+        for batch in list(self.in_flight):
+            self.completed(batch, Outcome.CANCELLED)
+

@@ -1,0 +1,230 @@
+"""The write-back queues: tier writes and removes as data, applied in order per tier.
+
+Each secondary tier has one FIFO of :class:`WriteOp`. The engine's writer task for a tier takes
+a batch of neighbouring ops of one kind (:meth:`WriteQueues.next_batch`), performs it, and hands
+the results back (:meth:`WriteQueues.writes_applied` / :meth:`WriteQueues.removes_applied`),
+then :meth:`WriteQueues.finished`. Order per tier is what keeps tiers coherent: a remove queued
+after a write of the same key is applied after it.
+
+The bytes of demotions wait here in memory; past ``max_bytes`` of them a new demotion is dropped
+(and counted) rather than queued, so a slow tier cannot grow the queue without bound.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from .._types import BlockEvent
+from .coherence import Coherence
+from .stats import StepStats
+
+__all__ = ["OpKind", "WriteOp", "WriteQueues"]
+
+BATCH: Final = 64  # queued ops handed to one write_many / remove_many call
+
+
+class OpKind(enum.Enum):
+    WRITE = "write"
+    REMOVE = "remove"
+
+
+class WriteOp:
+    """One queued tier mutation. ``done`` (removes of a ``delete``) gets whether it removed."""
+
+    __slots__ = ("data", "demotion", "done", "key", "kind")
+
+    def __init__(
+        self,
+        kind: OpKind,
+        key: bytes,
+        data: bytes | None = None,
+        *,
+        demotion: bool = False,
+        done: Callable[[bool], None] | None = None,
+    ) -> None:
+        self.kind = kind
+        self.key = key
+        self.data = data
+        self.demotion = demotion
+        self.done = done
+
+
+def write(key: bytes, data: bytes, *, demotion: bool = False) -> WriteOp:
+    return WriteOp(OpKind.WRITE, key, data, demotion=demotion)
+
+
+def remove(key: bytes, done: Callable[[bool], None] | None = None) -> WriteOp:
+    return WriteOp(OpKind.REMOVE, key, done=done)
+
+
+class WriteQueues:
+    """Per-tier FIFOs of writes and removes, their byte bound and their outcomes."""
+
+    __slots__ = (
+        "_cascade",
+        "_coherence",
+        "_events",
+        "_names",
+        "_notify",
+        "_queues",
+        "_stats",
+        "max_bytes",
+        "queued_bytes",
+    )
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        coherence: Coherence,
+        stats: StepStats,
+        events: deque[BlockEvent],
+        *,
+        max_bytes: int,
+        cascade: bool,
+        notify: Callable[[int], None],
+    ) -> None:
+        self._names = tuple(names)
+        self._coherence = coherence
+        self._stats = stats
+        self._events = events
+        self._cascade = cascade  # write_back: blocks a tier hands over go to the tier below
+        self._notify = notify
+        self._queues: list[deque[WriteOp]] = [deque() for _ in names]
+        self.max_bytes = max_bytes
+        #: bytes copied out for tier writes and not yet written
+        self.queued_bytes = 0
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._queues)
+
+    def idle(self) -> bool:
+        """Nothing queued and nothing being applied."""
+        return not any(self._queues) and not self._coherence.busy()
+
+    # -- queueing --------------------------------------------------------------------------------
+
+    def push(self, ti: int, op: WriteOp) -> bool:
+        """Queue ``op`` for tier ``ti``; a demotion past the byte bound is dropped: False.
+
+        A dropped write leaves the key stale in that tier (an older copy may be there).
+        """
+        coherence = self._coherence
+        if op.kind is OpKind.WRITE:
+            assert op.data is not None
+            size = len(op.data)
+            if op.demotion and self.queued_bytes + size > self.max_bytes:
+                self._stats.count("tier_errors", self._names[ti], "write")
+                coherence.outcome(ti, op.key, ok=False)
+                return False
+            self.queued_bytes += size
+            coherence.write_queued(ti, op.key)
+        else:
+            coherence.remove_queued(ti, op.key)
+        self._queues[ti].append(op)
+        self._notify(ti)
+        return True
+
+    def demote(self, ti: int, k: bytes, data: bytes) -> None:
+        """Send a block's newest bytes down to tier ``ti``; served from memory meanwhile."""
+        if self.push(ti, write(k, data, demotion=True)):
+            self._coherence.going_down(k, data)
+
+    def next_batch(self, ti: int) -> list[WriteOp]:
+        """Up to ``BATCH`` neighbouring ops of one kind, in queue order (empty when idle)."""
+        q = self._queues[ti]
+        if not q:
+            return []
+        kind = q[0].kind
+        batch: list[WriteOp] = []
+        while q and q[0].kind is kind and len(batch) < BATCH:
+            batch.append(q.popleft())
+        return batch
+
+    # -- outcomes --------------------------------------------------------------------------------
+
+    def writes_applied(
+        self,
+        ti: int,
+        batch: Sequence[WriteOp],
+        errors: Sequence[Exception | None],
+        handed: Sequence[tuple[bytes, bytes]] = (),
+        gone: Sequence[bytes] = (),
+    ) -> None:
+        """A batch of writes reached tier ``ti`` (``None``) or failed (an exception, per op).
+
+        ``handed`` are blocks the tier evicted meanwhile with their bytes (they go on to the
+        tier below under write-back); ``gone`` the keys it evicted without handing them over.
+        """
+        name = self._names[ti]
+        coherence = self._coherence
+        written: list[bytes] = []
+        nbytes = 0
+        for op, err in zip(batch, errors, strict=True):
+            if err is None:
+                nbytes += len(op.data or b"")
+                written.append(op.key)
+                coherence.outcome(ti, op.key, ok=True)
+            else:
+                self._stats.count("tier_errors", name, "write")
+                coherence.outcome(ti, op.key, ok=False)
+        if nbytes:
+            self._stats.count("write_bytes", name, n=nbytes)
+        if written:
+            self._events.append(BlockEvent(tuple(written), name, False))
+        if handed:
+            if self._cascade and ti + 1 < len(self._names):
+                for k, data in handed:
+                    # deleted, replaced or possibly stale since written here: not handed down
+                    if not coherence.removing(ti, k) and not coherence.is_stale(ti, k):
+                        self.demote(ti + 1, k, data)
+            self._events.append(BlockEvent(tuple(k for k, _ in handed), name, True))
+        if gone:
+            self._events.append(BlockEvent(tuple(gone), name, True))
+
+    def removes_applied(
+        self, ti: int, batch: Sequence[WriteOp], answers: Sequence[bool | Exception]
+    ) -> None:
+        """A batch of removes reached tier ``ti`` (whether it held the key) or failed."""
+        name = self._names[ti]
+        removed: list[bytes] = []
+        for op, answer in zip(batch, answers, strict=True):
+            failed = isinstance(answer, Exception)
+            if failed:
+                self._stats.count("tier_errors", name, "remove")
+            elif answer:
+                removed.append(op.key)
+            self._coherence.outcome(ti, op.key, ok=not failed)
+            if op.done is not None:
+                op.done(answer is True)
+        if removed:
+            self._events.append(BlockEvent(tuple(removed), name, True))
+
+    def finished(self, ti: int, batch: Sequence[WriteOp]) -> None:
+        """The ops of ``batch`` are no longer queued or running (applied, failed or dropped)."""
+        coherence = self._coherence
+        for op in batch:
+            if op.kind is OpKind.WRITE:
+                coherence.write_done(ti, op.key)
+                assert op.data is not None
+                self.queued_bytes -= len(op.data)
+                if op.demotion:
+                    coherence.landed(op.key, op.data)
+            else:
+                coherence.remove_done(ti, op.key)
+
+    def drop_all(self) -> int:
+        """Give up on every queued op (each counted as a failed one); return how many."""
+        dropped = 0
+        for ti, q in enumerate(self._queues):
+            batch = list(q)
+            q.clear()
+            for op in batch:
+                self._stats.count("tier_errors", self._names[ti], op.kind.value)
+                if op.done is not None:
+                    op.done(False)
+            self.finished(ti, batch)
+            dropped += len(batch)
+        return dropped

@@ -1,0 +1,1 @@
+"""The engine's await side: the pieces of ``TieringEngine`` that perform I/O for the core."""

@@ -1,0 +1,147 @@
+"""The await side of the cache API: ``get`` (promote and await, or read around) and ``delete``.
+
+``put`` awaits nothing and is the core's alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+
+from .._core.engine_core import EngineCore
+from .._types import LookupResult
+from ..tiers.base import SecondaryTier
+from .reads import TierReads
+
+__all__ = ["CacheCalls"]
+
+_now = time.perf_counter
+
+
+class CacheCalls:
+    """``get`` and ``delete`` for one engine."""
+
+    def __init__(
+        self,
+        core: EngineCore,
+        tiers: Sequence[SecondaryTier],
+        reads: TierReads,
+        *,
+        wait: Callable[[Sequence[bytes], float | None], Awaitable[list[LookupResult]]],
+        promotion_timeout: float,
+        io_timeout: float,
+    ) -> None:
+        self._core = core
+        self._tiers = tuple(tiers)
+        self._reads = reads
+        self._wait = wait  # the engine's public wait: get is observed like any other caller
+        self._promotion_timeout = promotion_timeout
+        self._io_timeout = io_timeout
+
+    async def get(self, k: bytes) -> bytes | None:
+        """The block's bytes: from the primary, or promoted from a tier and awaited; else None.
+
+        Observed as one anonymous request: one sync and one async delay at most, however many
+        looks it took.
+        """
+        core = self._core
+        stats = core.stats
+        data = core.copy_ready(k)
+        if data is not None:
+            stats.primary_hit += 1
+            return data
+        data = core.coherence.demoting.get(k)
+        if data is not None:
+            stats.primary_hit += 1
+            core.readmit(k, data)
+            return data
+        deferred: float | None = None
+        sync: float | None = None
+        try:
+            for _attempt in range(2):  # a second look if the block moved down while promoting
+                got = core.in_flight(k)
+                if got is None:
+                    stats.primary_miss += 1
+                    scan = core.promotions.begin_below(k)
+                    started = _now()
+                    await self._reads.consult(scan)
+                    if scan.consulted:
+                        sync = (sync or 0.0) + _now() - started
+                    self._reads.start(core.promotions.place(scan))
+                    if scan.unplaced:
+                        return await self._read_around(k, scan.unplaced[0][1])
+                    got = core.in_flight(k)
+                    if got is None:  # nothing in flight: a concurrent call may have landed it
+                        return core.copy_ready(k) or core.coherence.demoting.get(k)
+                else:
+                    stats.primary_retry += 1
+                if deferred is None:
+                    deferred = _now()
+                data = await self._await_block(k, got[0])
+                if data is not None or core.closed:
+                    return data
+            return None
+        finally:
+            if sync is not None:
+                stats.observe("sync_delay", sync)
+            if deferred is not None:
+                stats.observe("async_delay", _now() - deferred)
+
+    async def _await_block(self, k: bytes, slot: int) -> bytes | None:
+        """Wait for the block in flight in ``slot`` and copy it out (pinned meanwhile)."""
+        core = self._core
+        core.table.pin(slot)  # not evicted between landing and being copied out
+        try:
+            with contextlib.suppress(TimeoutError):
+                await self._wait([k], self._promotion_timeout + 1.0)
+            if core.table.ready_slot(k) == slot:
+                return core.arena.read(slot)
+            # replaced by a put meanwhile (the newer bytes), or pushed down while promoting
+            return core.copy_ready(k) or core.coherence.demoting.get(k)
+        finally:
+            core.table.unpin(slot)
+
+    async def _read_around(self, k: bytes, ti: int) -> bytes | None:
+        """A block tier ``ti`` has but the primary has no room for: read it privately.
+
+        If it moved down meanwhile, it is on its way (``demoting``) or in a tier below.
+        """
+        core = self._core
+        coherence = core.coherence
+        buf = bytearray(core.arena.block_size)
+        for tj in range(ti, len(self._tiers)):
+            if tj > ti:
+                data = coherence.demoting.get(k)
+                if data is not None:
+                    return data
+                if not coherence.may_read(tj, k):
+                    continue
+            tier = self._tiers[tj]
+            try:
+                async with asyncio.timeout(self._promotion_timeout):
+                    n = await tier.read_into(k, memoryview(buf))
+            except Exception:
+                core.stats.count("tier_errors", tier.name, "read")
+                return None
+            if n >= 0:
+                core.stats.count("read_bytes", tier.name, n=n)
+                return bytes(buf[:n])
+        return coherence.demoting.get(k)
+
+    async def delete(self, k: bytes) -> bool:
+        """Remove the block from every tier; True if any tier had it."""
+        loop = asyncio.get_running_loop()
+        futs: list[asyncio.Future[bool]] = [loop.create_future() for _ in self._tiers]
+        present = self._core.delete(k, [partial(_resolve, f) for f in futs])
+        if futs:
+            done, _ = await asyncio.wait(futs, timeout=self._io_timeout * 2)
+            present = present or any(f.result() for f in done if not f.cancelled())
+        return present
+
+
+def _resolve(fut: asyncio.Future[bool], value: bool) -> None:
+    if not fut.done():
+        fut.set_result(value)

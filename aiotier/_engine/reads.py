@@ -1,0 +1,160 @@
+"""The await side of lookups: asking the tiers, running promotion reads, waiting for keys.
+
+Each function here is a thin loop around the core: the core says which keys to ask a tier about
+and which reads to start; this module awaits the tiers (each call bounded) and hands every
+answer back to the core, which settles it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+from .._core.engine_core import EngineCore
+from .._core.promotion import LookupScan, Outcome, PromotionBatch
+from .._core.requests import RequestState
+from .._types import LookupResult
+from ..errors import TieringError
+from ..tiers.base import SecondaryTier
+
+__all__ = ["TierReads"]
+
+_now = time.perf_counter
+
+
+class TierReads:
+    """Tier lookups and promotion reads for one engine; owns the promotion tasks."""
+
+    def __init__(
+        self, core: EngineCore, tiers: Sequence[SecondaryTier], promotion_timeout: float
+    ) -> None:
+        self._core = core
+        self._tiers = tuple(tiers)
+        self._timeout = promotion_timeout
+        #: promotion tasks not finished yet
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def scan(
+        self, ks: list[bytes], rs: RequestState | None, exclude: int, *, prefix: bool
+    ) -> list[LookupResult]:
+        """The slow path of both lookups: primary states, then the tiers, then promotions."""
+        promotions = self._core.promotions
+        scan = promotions.begin(ks, rs, exclude, prefix=prefix)
+        elapsed = 0.0
+        if scan.need:
+            started = _now()
+            if rs is not None:
+                rs.busy += 1  # end_step must not forget a request whose lookup is suspended
+            try:
+                await self.consult(scan)
+            finally:
+                if rs is not None:
+                    rs.busy -= 1
+            elapsed = _now() - started
+        self.start(promotions.finish(scan, elapsed))
+        return scan.results
+
+    async def consult(self, scan: LookupScan) -> None:
+        """Ask each tier, in order, about the keys nobody above it had."""
+        promotions = self._core.promotions
+        for ti, tier in enumerate(self._tiers):
+            keys = promotions.ask(scan, ti)
+            if not keys:
+                continue
+            answers: list[LookupResult] | None
+            try:
+                async with asyncio.timeout(self._timeout):
+                    answers = await tier.lookup_many(keys)
+                if len(answers) != len(keys):
+                    raise TieringError(
+                        f"tier {tier.name!r} answered {len(answers)} lookups for {len(keys)} keys"
+                    )
+            except Exception:
+                answers = None
+            promotions.answered(scan, ti, answers)
+
+    def start(self, batches: list[PromotionBatch]) -> None:
+        if not batches:
+            return
+        loop = asyncio.get_running_loop()
+        for batch in batches:
+            name = f"aiotier-promote-{self._tiers[batch.tier].name}"
+            task = loop.create_task(self._promote(batch), name=name)
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _promote(self, batch: PromotionBatch) -> None:
+        """Read ``batch`` from its tier straight into its reserved slots.
+
+        The read runs as its own future: past ``promotion_timeout`` the promotion gives up at
+        once, and the slots of keys it failed stay pinned until the read has really stopped.
+        """
+        tier = self._tiers[batch.tier]
+        view = self._core.arena.slot_view
+        read = asyncio.ensure_future(
+            tier.read_many_into(batch.keys, [view(s) for s in batch.slots])
+        )
+        read.add_done_callback(_consume)
+        outcome = Outcome.OK
+        lengths: list[int | Exception] = []
+        try:
+            done, _ = await asyncio.wait({read}, timeout=self._timeout)
+            if not done:
+                outcome = Outcome.TIMEOUT
+            elif read.exception() is not None:
+                outcome = Outcome.ERROR
+            else:
+                lengths = read.result()
+        except asyncio.CancelledError:
+            outcome = Outcome.CANCELLED
+            raise
+        finally:
+            if not read.done():
+                read.cancel()
+            promotions = self._core.promotions
+            held = promotions.completed(batch, outcome, lengths, read_stopped=read.done())
+            if held:
+                read.add_done_callback(lambda _: promotions.release_read_pins(held))
+
+    async def wait(self, ks: Sequence[bytes], timeout: float | None) -> list[LookupResult]:
+        """Await until none of ``ks`` is in flight; their settled HIT or MISS."""
+        core = self._core
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        for k in ks:
+            while True:
+                got = core.in_flight(k)
+                if got is None:
+                    break
+                limit = got[1]
+                if deadline is not None:
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        raise TimeoutError(f"block {k[:64]!r} still in flight after {timeout}s")
+                    limit = min(limit, left)
+                fut: asyncio.Future[None] = loop.create_future()
+                waiter = partial(_wake, fut)
+                core.inflight.add_waiter(k, waiter)
+                try:
+                    await asyncio.wait_for(fut, limit)
+                except TimeoutError:
+                    pass  # still in flight, or a store's RETRY window ran out: asked again
+                finally:
+                    core.inflight.remove_waiter(k, waiter)
+                if core.closed:
+                    break
+        return [core.settled_answer(k) for k in ks]
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _consume(fut: asyncio.Future[Any]) -> None:
+    """Mark a background call's exception as seen: the engine counted it already."""
+    if not fut.cancelled():
+        fut.exception()

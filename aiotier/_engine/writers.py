@@ -1,0 +1,126 @@
+"""The writer tasks: one per secondary tier, applying its queued writes and removes in order.
+
+The queues and every decision about them live in :class:`~aiotier._core.writeback.WriteQueues`;
+a writer only takes the next batch, awaits the tier (bounded by ``io_timeout``), and hands the
+outcome back. ``drain`` awaits the moment every queue is empty and nothing is being applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Sequence
+from typing import TypeVar, cast
+
+from .._core.engine_core import EngineCore
+from .._core.writeback import OpKind, WriteOp
+from ..errors import TieringError
+from ..tiers.base import SecondaryTier
+
+__all__ = ["Writers", "bounded_call"]
+
+_T = TypeVar("_T")
+
+
+async def bounded_call(tier: SecondaryTier, call: Awaitable[list[_T]], n: int, timeout: float
+                       ) -> list[_T]:  # fmt: skip
+    """One batched tier call within ``timeout``; a fault becomes ``n`` per-key errors."""
+    try:
+        async with asyncio.timeout(timeout):
+            answers = await call
+        if len(answers) != n:
+            raise TieringError(f"tier {tier.name!r} answered {len(answers)} of {n}")
+        return answers
+    except Exception as exc:
+        return [cast(_T, exc)] * n
+
+
+class Writers:
+    """Writer tasks over the core's write queues, and the events that wake and drain them."""
+
+    def __init__(
+        self,
+        core: EngineCore,
+        tiers: Sequence[SecondaryTier],
+        hand_over: Sequence[bool],
+        io_timeout: float,
+    ) -> None:
+        self._core = core
+        self._tiers = tuple(tiers)
+        self._hand_over = tuple(hand_over)
+        self._io_timeout = io_timeout
+        self._wakeups: list[asyncio.Event] = []
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def notify(self, ti: int) -> None:
+        """An op was queued for tier ``ti`` (the core calls this)."""
+        self._idle.clear()
+        if self._wakeups:
+            self._wakeups[ti].set()
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for ti, t in enumerate(self._tiers):
+            self._wakeups.append(asyncio.Event())
+            self._tasks.append(loop.create_task(self._run(ti), name=f"aiotier-writer-{t.name}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def done(self) -> bool:
+        return all(t.done() for t in self._tasks)
+
+    async def drain(self, timeout: float, *, discard: bool) -> None:
+        """Await every queued write and remove; past ``timeout`` drop them (and count them)
+        when ``discard``, else raise ``TimeoutError`` leaving them queued."""
+        writes = self._core.writes
+        try:
+            async with asyncio.timeout(timeout):
+                while not writes.idle():
+                    self._idle.clear()
+                    await self._idle.wait()
+        except TimeoutError:
+            if not discard:
+                raise TimeoutError(
+                    f"{len(writes)} tier operations still queued after {timeout}s"
+                ) from None
+            writes.drop_all()
+
+    async def _run(self, ti: int) -> None:
+        """Apply tier ``ti``'s queued writes and removes in order, batching neighbours."""
+        writes = self._core.writes
+        wakeup = self._wakeups[ti]
+        while True:
+            batch = writes.next_batch(ti)
+            if not batch:
+                if writes.idle():
+                    self._idle.set()
+                wakeup.clear()
+                await wakeup.wait()
+                continue
+            try:
+                if batch[0].kind is OpKind.WRITE:
+                    await self._write(ti, batch)
+                else:
+                    await self._remove(ti, batch)
+            finally:
+                writes.finished(ti, batch)
+
+    async def _write(self, ti: int, batch: list[WriteOp]) -> None:
+        tier = self._tiers[ti]
+        items = [(op.key, op.data or b"") for op in batch]
+        errors = await bounded_call(tier, tier.write_many(items), len(items), self._io_timeout)
+        if self._hand_over[ti]:
+            handed, gone = tier.take_evicted(), []
+        else:
+            handed, gone = [], tier.take_evicted_keys()
+        self._core.writes.writes_applied(ti, batch, errors, handed, gone)
+
+    async def _remove(self, ti: int, batch: list[WriteOp]) -> None:
+        tier = self._tiers[ti]
+        keys = [op.key for op in batch]
+        answers = await bounded_call(tier, tier.remove_many(keys), len(keys), self._io_timeout)
+        self._core.writes.removes_applied(ti, batch, answers)

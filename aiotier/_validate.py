@@ -1,0 +1,40 @@
+"""Argument checks shared by the public entry points: each names the argument and the value."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ._types import RequestContext
+from .errors import ConfigError
+
+__all__ = ["check_int", "check_positive", "check_req", "str_ids"]
+
+
+def check_positive(field: str, value: object, *, allow_zero: bool = False) -> float:
+    """A number > 0 (or >= 0): ``TypeError`` for a non-number, ``ConfigError`` out of range."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise TypeError(f"{field} must be a number, got {type(value).__name__}")
+    if value < 0 or (value == 0 and not allow_zero) or value != value:
+        raise ConfigError(f"{field} must be > 0, got {value!r}")
+    return float(value)
+
+
+def check_int(field: str, value: object, *, minimum: int = 1) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{field} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def check_req(req: object) -> None:
+    if req is not None and not isinstance(req, RequestContext):
+        raise TypeError(f"req must be a RequestContext or None, got {type(req).__name__}")
+
+
+def str_ids(field: str, ids: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(ids, str):
+        raise TypeError(f"{field} must be an iterable of request ids, not a single str")
+    out = tuple(ids)
+    for rid in out:
+        if not isinstance(rid, str):
+            raise TypeError(f"{field} must hold str request ids, got {type(rid).__name__}")
+    return out
