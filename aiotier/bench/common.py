@@ -5,11 +5,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import statistics
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Case", "LoopLagTicker", "Measure", "alternate"]
+__all__ = ["BENCH_EXTRA", "Case", "LoopLagTicker", "Measure", "alternate", "note_missing"]
+
+BENCH_EXTRA = "pip install 'aiotier[bench]'"
+_noted: set[tuple[str, str]] = set()
+
+
+def note_missing(module: str, consequence: str) -> None:
+    """Say once on stderr that a peer's package is missing and what the run does without it."""
+    if (module, consequence) not in _noted:
+        _noted.add((module, consequence))
+        print(
+            f"note: {module} is not installed: {consequence} (it comes with the bench extra: "
+            f"{BENCH_EXTRA})",
+            file=sys.stderr,
+        )
 
 
 @dataclass(slots=True)
