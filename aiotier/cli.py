@@ -8,7 +8,6 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 __all__ = ["main"]
@@ -66,22 +65,55 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# extra figures worth a line of their own under a case in the printed summary
+_HEADLINE_EXTRAS = (
+    "python_calls_per_block", "aiotier_over_floor", "primary_hit_rate", "cpu_overhead",
+    "flush_share", "flush_cpu_ms_per_step", "sdk_calls_per_step",
+)  # fmt: skip
+
+
+def _selected_cases(args: argparse.Namespace) -> set[str]:
+    """The cases ``--case`` and ``--only`` name (every case when neither is given)."""
+    from .bench import CASE_GROUPS, CASE_NAMES
+
+    wanted: set[str] = set(args.case or ())
+    for group in (args.only or "").split(","):
+        group = group.strip()
+        if not group:
+            continue
+        if group not in CASE_GROUPS:
+            raise SystemExit(
+                f"aiotier bench: unknown group {group!r} (groups: {', '.join(CASE_GROUPS)})"
+            )
+        wanted.update(CASE_GROUPS[group])
+    if not wanted:
+        wanted = set(CASE_NAMES)
+    if "loop_lag" in wanted:  # derived from the ticker figures of the I/O cases
+        wanted |= {"ssd_promote", "redis_promote"}
+    return wanted
+
+
 def _bench(args: argparse.Namespace) -> int:
     from . import __version__
-    from .bench import core, ssd
+    from .bench import CASE_GROUPS, core, ssd
     from .bench import redis as redis_bench
     from .bench.common import Case
 
+    wanted = _selected_cases(args)
+
     async def suite() -> list[Case]:
-        wanted = set(args.only.split(",")) if args.only else None
         cases: list[Case] = []
-        groups: dict[str, Callable[[bool], Awaitable[list[Case]]]] = {
-            "core": core.run, "ssd": ssd.run, "redis": redis_bench.run_local,
-        }  # fmt: skip
-        for name, run in groups.items():
-            if wanted is None or name in wanted:
-                print(f"running {name} benchmarks...", file=sys.stderr)
-                cases += await run(args.quick)
+        core_cases = [n for n in CASE_GROUPS["core"] if n in wanted]
+        if core_cases:
+            print(f"running {', '.join(core_cases)}...", file=sys.stderr)
+            cases += await core.run(args.quick, core_cases)
+        ssd_cases = [n for n in CASE_GROUPS["ssd"] if n in wanted]
+        if ssd_cases:
+            print(f"running {', '.join(ssd_cases)}...", file=sys.stderr)
+            cases += await ssd.run(args.quick, cases=ssd_cases)
+        if "redis_promote" in wanted:
+            print("running redis_promote...", file=sys.stderr)
+            cases += await redis_bench.run_local(args.quick)
         return cases
 
     cases = asyncio.run(suite())
@@ -89,27 +121,39 @@ def _bench(args: argparse.Namespace) -> int:
     doc: dict[str, Any] = {
         "aiotier_version": __version__,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "quick": bool(args.quick),
         "cases": [c.to_json() for c in cases],
     }
     for c in doc["cases"]:
         if c.get("skipped"):
             print(f"{c['name']:18} skipped: {c['skipped']}")
             continue
-        rf = c["ratio_to_floor"]
-        rp = c["ratio_to_peer"]
+        floor, peer = c["floor"], c["peer"]
         print(
-            f"{c['name']:18} {json.dumps(c['params'])[:60]:60} {c['aiotier']:10.3f} {c['unit']:10}"
-            f" floor x{rf if rf is None else round(rf, 2)}"
-            f" peer x{rp if rp is None else round(rp, 2)}"
+            f"{c['name']:18} {c['aiotier']:10.4g} {c['unit']:11}"
+            f" floor {_num(floor and floor['value']):>8} (x{_num(c['ratio_to_floor'])})"
+            f"  peer {_num(peer and peer['value']):>8} (x{_num(c['ratio_to_peer'])})"
         )
+        params = " ".join(f"{k}={v}" for k, v in c["params"].items() if k != "via")
+        print(f"{'':18} {params}")
+        extras = [f"{k}={_num(c[k])}" for k in _HEADLINE_EXTRAS if c.get(k) is not None]
+        if extras:
+            print(f"{'':18} {' '.join(extras)}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=2)
     if args.plot:
         from .bench.plot import plot
 
-        plot(doc, args.plot)
+        try:
+            plot(doc, args.plot)
+        except ImportError as exc:
+            print(f"aiotier bench: no plot written: {exc}", file=sys.stderr)
     return 0
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4g}"
 
 
 def _loop_lag_cases(cases: list[Any]) -> list[Any]:
@@ -160,6 +204,8 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .bench import CASE_NAMES
+
     ap = argparse.ArgumentParser(prog="aiotier", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -179,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--json", metavar="FILE")
     bench.add_argument("--plot", metavar="FILE.png")
     bench.add_argument("--only", help="comma-separated groups: core,ssd,redis")
+    bench.add_argument(
+        "--case", action="append", choices=CASE_NAMES, metavar="NAME",
+        help=f"run only this case (repeatable; with --only, both sets): {', '.join(CASE_NAMES)}",
+    )  # fmt: skip
     bench.set_defaults(fn=_bench)
 
     inspect = sub.add_parser("inspect", help="summarise an SSD tier directory (read-only)")

@@ -55,12 +55,53 @@ def test_bench_quick_writes_every_case(tmp_path: Path) -> None:
     doc = json.loads(report.read_text())
     assert doc["machine"]["cpus"] >= 1
     names = {c["name"] for c in doc["cases"]}
-    assert {"lookup_hit", "lookup_prefix", "scale", "memory", "metrics_overhead",
-            "ssd_promote", "ssd_demote", "redis_promote", "loop_lag"} <= names  # fmt: skip
+    assert {"lookup_hit", "lookup_prefix", "scale", "memory", "memory_promote",
+            "metrics_overhead", "ssd_promote", "ssd_demote", "redis_promote",
+            "loop_lag"} <= names  # fmt: skip
     for c in doc["cases"]:
         assert c["unit"] and isinstance(c["higher_is_better"], bool)
         if not c.get("skipped"):
             assert c["aiotier"] > 0
+    # the noise-free figures are there (their values are not asserted: no timed assertions)
+    promote = [c for c in doc["cases"] if c["name"] == "memory_promote"]
+    assert {c["params"]["request_context"] for c in promote} == {True, False}
+    assert all(c["python_calls_per_block"] > 0 for c in promote)
+    (metrics,) = [c for c in doc["cases"] if c["name"] == "metrics_overhead"]
+    assert metrics["sdk_calls_per_step"] > 0 and "flush_share" in metrics
+    scale = [c for c in doc["cases"] if c["name"] == "scale"]
+    assert {c["params"]["access"] for c in scale} == {"uniform", "hot_1000"}
+    assert all(c["floor"]["value"] > 0 for c in scale)
+
+
+def test_bench_case_names_match_the_suite() -> None:
+    from aiotier.bench import CASE_GROUPS, core, ssd
+
+    assert tuple(core.CASES) == CASE_GROUPS["core"]
+    assert tuple(ssd.CASES) == CASE_GROUPS["ssd"]
+
+
+def test_bench_runs_chosen_cases_without_the_bench_extra(tmp_path: Path) -> None:
+    """``--case`` runs only those; missing peers (diskcache, aiocache, redis-py, matplotlib) are
+    left out with a note naming the extra, never a ModuleNotFoundError."""
+    report = tmp_path / "bench.json"
+    code = (
+        "import sys\n"
+        "for m in ('diskcache', 'aiocache', 'redis', 'matplotlib'): sys.modules[m] = None\n"
+        "from aiotier.cli import main\n"
+        f"sys.exit(main(['bench', '--quick', '--json', {str(report)!r}, "
+        f"'--plot', {str(tmp_path / 'plot.png')!r}, '--case', 'lookup_hit', "
+        "'--case', 'ssd_demote', '--case', 'redis_promote']))\n"
+    )
+    out = run("-c", code)
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'aiotier[bench]'" in out.stderr
+    assert "ModuleNotFoundError" not in out.stderr
+    doc = json.loads(report.read_text())
+    assert {c["name"] for c in doc["cases"]} == {"lookup_hit", "ssd_demote", "redis_promote"}
+    for c in doc["cases"]:
+        assert c["peer"] is None
+    (redis_case,) = [c for c in doc["cases"] if c["name"] == "redis_promote"]
+    assert "aiotier[bench]" in redis_case["skipped"]
 
 
 @pytest.mark.parametrize("argv", [["inspect", "/nonexistent/aiotier"], ["nope"]])

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import os
 import shutil
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
-from ..tiers.redis import RedisTier, _driver_info
-from .common import Case, LoopLagTicker, Measure, alternate
+from .. import LookupResult, PrimaryTier, RedisTier, TieringEngine
+from .common import BENCH_EXTRA, Case, LoopLagTicker, Measure, alternate, note_missing
 
 __all__ = ["local_redis_server", "run", "run_local"]
 
@@ -88,20 +90,30 @@ async def local_redis_server(maxmemory: str = "2gb") -> AsyncIterator[str | None
                 await proc.wait()
 
 
+def _skipped(why: str) -> list[Case]:
+    return [Case("redis_promote", {"block_size": BLOCK_SIZE}, "GB/s", True, None, skipped=why)]
+
+
+def _driver_info() -> Any:
+    """redis-py's own ``DriverInfo``, given up front: else redis-py reads its version from the
+    package metadata (file system calls on the loop) for every connection the floor opens."""
+    try:
+        import redis
+        from redis.driver_info import DriverInfo
+    except ImportError:  # an older redis-py: it has no such lookup to avoid
+        return None
+    return DriverInfo(name="redis-py", lib_version=redis.__version__)
+
+
 async def run_local(quick: bool) -> list[Case]:
-    """:func:`run` against a server of its own; a skipped case when redis-server is missing."""
+    """:func:`run` against a server of its own; a skipped case when redis-server or redis-py
+    is missing."""
+    if importlib.util.find_spec("redis") is None:
+        note_missing("redis (redis-py)", "redis_promote is skipped")
+        return _skipped(f"redis-py is not installed ({BENCH_EXTRA})")
     async with local_redis_server() as url:
         if url is None:
-            return [
-                Case(
-                    "redis_promote",
-                    {"block_size": BLOCK_SIZE},
-                    "GB/s",
-                    True,
-                    None,
-                    skipped="redis-server is not installed (apt-get install redis-server)",
-                )
-            ]
+            return _skipped("redis-server is not installed (apt-get install redis-server)")
         return await run(quick, url)
 
 
@@ -115,17 +127,27 @@ async def run(quick: bool, url: str) -> list[Case]:
     payload = os.urandom(BLOCK_SIZE)
 
     import redis.asyncio as redis_asyncio
-    from aiocache import RedisCache
-    from aiocache.serializers import NullSerializer
+
+    try:
+        from aiocache import RedisCache
+        from aiocache.serializers import NullSerializer
+    except ImportError:
+        note_missing("aiocache", "redis_promote runs without its aiocache peer")
+        RedisCache = None
 
     tier = RedisTier(url, namespace=NAMESPACE, timeout=30.0)
     await tier.open()
     # the floor client gets its driver info up front too, or redis-py reads package metadata
     # from disk on the loop for every connection (which the loop-lag figures would count)
-    plain = redis_asyncio.Redis.from_url(url, driver_info=_driver_info())
+    info = _driver_info()
+    plain = redis_asyncio.Redis.from_url(url, **({} if info is None else {"driver_info": info}))
     host, port = url.removeprefix("redis://").split("/")[0].split(":")
-    peer = RedisCache(
-        serializer=NullSerializer(encoding=None), endpoint=host, port=int(port), namespace=""
+    peer = (
+        None
+        if RedisCache is None
+        else RedisCache(
+            serializer=NullSerializer(encoding=None), endpoint=host, port=int(port), namespace=""
+        )
     )
     stack = contextlib.AsyncExitStack()
     try:
@@ -159,15 +181,19 @@ async def run(quick: bool, url: str) -> list[Case]:
                 return total_bytes / (time.perf_counter() - t0) / 1e9
 
         async def peer_round() -> float:
+            assert peer is not None
             t0 = time.perf_counter()
             for b in str_batches:
                 values = await asyncio.gather(*(peer.get(k) for k in b))
                 assert all(v is not None for v in values)
             return total_bytes / (time.perf_counter() - t0) / 1e9
 
-        figures = await alternate(
-            {"aiotier": aiotier_round, "floor": floor_round, "peer": peer_round}, rounds
-        )
+        contenders: dict[str, Callable[[], Awaitable[float]]] = {
+            "aiotier": aiotier_round, "floor": floor_round,
+        }  # fmt: skip
+        if peer is not None:
+            contenders["peer"] = peer_round
+        figures = await alternate(contenders, rounds)
         lag = ticker.summary_ms()
         floor_lag = floor_ticker.summary_ms()
         return [
@@ -185,7 +211,11 @@ async def run(quick: bool, url: str) -> list[Case]:
                 True,
                 figures["aiotier"],
                 floor=Measure("redis-py pipelined MGET (64 keys)", figures["floor"]),
-                peer=Measure("aiocache RedisCache.get (64 concurrent)", figures["peer"]),
+                peer=(
+                    Measure("aiocache RedisCache.get (64 concurrent)", figures["peer"])
+                    if "peer" in figures
+                    else None
+                ),
                 extra={
                     "loop_lag_p99_ms": lag["p99_ms"],
                     "loop_lag_max_ms": lag["max_ms"],
@@ -202,7 +232,8 @@ async def run(quick: bool, url: str) -> list[Case]:
                 await plain.delete(k)
         await plain.aclose()
         # aiocache 0.12's close() calls a method redis-py 8 no longer has; close its client.
-        await peer.client.aclose()
+        if peer is not None:
+            await peer.client.aclose()
         await tier.aclose()
 
 
@@ -215,10 +246,6 @@ async def _engine_promoter(
     The primary holds two batches, so each round promotes every block again from Redis (the
     engine's write policy is ``none``: evictions drop, nothing is written back).
     """
-    from .._types import LookupResult
-    from ..engine import TieringEngine
-    from ..tiers.primary import PrimaryTier
-
     primary = PrimaryTier(2 * BATCH, BLOCK_SIZE)
     engine = TieringEngine(primary, [tier], write_policy="none", promotion_timeout=30.0)
 

@@ -32,21 +32,34 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import aiofiles
 import xxhash
 
+from .. import LookupResult, PrimaryTier, SSDTier, TieringEngine
 from ..tiers.framing import HEADER
-from ..tiers.ssd import SSDTier
-from .common import Case, LoopLagTicker, Measure, alternate
+from .common import Case, LoopLagTicker, Measure, alternate, note_missing
 
-__all__ = ["main", "run"]
+__all__ = ["CASES", "main", "run"]
+
+CASES = ("ssd_promote", "ssd_demote", "ssd_open")
 
 BATCH = 64
 KiB = 1024
 MiB = 1024 * KiB
+
+
+def _diskcache(case: str) -> Any:
+    """The diskcache module, or None (and a note) when the bench extra is not installed."""
+    try:
+        import diskcache
+    except ImportError:
+        note_missing("diskcache", f"{case} runs without its diskcache peer")
+        return None
+    return diskcache
 
 
 def _drop_pages(paths: list[str]) -> None:
@@ -79,10 +92,6 @@ def _sync_files(paths: list[str]) -> None:
 async def _promoter(
     tier: SSDTier, keys: list[bytes], block_size: int
 ) -> AsyncIterator[tuple[Callable[[], Awaitable[None]], str]]:
-    from .._types import LookupResult
-    from ..engine import TieringEngine
-    from ..tiers.primary import PrimaryTier
-
     batches = [keys[i : i + BATCH] for i in range(0, len(keys), BATCH)]
 
     # One batch of room (the caller keeps at least two batches): every round promotes every
@@ -113,8 +122,7 @@ async def _idle_lag() -> dict[str, float]:
 async def _promote_cases(
     root: str, block_size: int, blocks: int, rounds: int, io_threads: int
 ) -> list[Case]:
-    import diskcache
-
+    diskcache = _diskcache("ssd_promote")
     keys = [f"bench-{block_size}-{i}".encode() for i in range(blocks)]
     payload = os.urandom(block_size)
     values = [k[-8:].rjust(8, b"-") + payload[8:] for k in keys]  # no two blocks alike
@@ -123,7 +131,7 @@ async def _promote_cases(
     dc_dir = os.path.join(root, f"diskcache-{block_size}")
     tier = SSDTier(tier_dir, 2 * total + 64 * MiB, io_threads=io_threads)
     await tier.open()
-    cache = diskcache.Cache(dc_dir, size_limit=4 * total)
+    cache = None if diskcache is None else diskcache.Cache(dc_dir, size_limit=4 * total)
     same_work_pool = ThreadPoolExecutor(max(2, os.cpu_count() or 2))
     try:
         for i in range(0, blocks, BATCH):
@@ -131,10 +139,11 @@ async def _promote_cases(
             errors = await tier.write_many(items)
             if any(errors):
                 raise RuntimeError(f"writing benchmark blocks failed: {errors[:3]!r}")
-        for k, v in zip(keys, values, strict=True):
-            cache.set(k, v)
+        if cache is not None:
+            for k, v in zip(keys, values, strict=True):
+                cache.set(k, v)
         tier_files = [os.path.join(tier_dir, p) for p in _tier_paths(tier, keys, block_size)]
-        dc_files = _all_files(dc_dir)
+        dc_files = _all_files(dc_dir) if cache is not None else []
         _sync_files(tier_files + dc_files)
         floor_buf = mmap.mmap(-1, block_size + 4096)  # page-aligned: the fastest simple target
         floor_view = memoryview(floor_buf)
@@ -187,6 +196,7 @@ async def _promote_cases(
             return total / (time.perf_counter() - t0) / 1e9
 
         async def diskcache_round() -> float:
+            assert cache is not None
             t0 = time.perf_counter()
             for k in keys:
                 if cache.get(k) is None:
@@ -220,18 +230,16 @@ async def _promote_cases(
                     else:
                         gc.collect()
 
-                figures = await alternate(
-                    {
-                        "aiotier": aiotier_round,
-                        "floor": floor_round,
-                        "diskcache": diskcache_round,
-                        "naive": naive_round,
-                        "same_work": same_work_round,
-                        "same_work_threads": same_work_threads_round,
-                    },
-                    rounds,
-                    before,
-                )
+                contenders: dict[str, Callable[[], Awaitable[float]]] = {
+                    "aiotier": aiotier_round,
+                    "floor": floor_round,
+                    "naive": naive_round,
+                    "same_work": same_work_round,
+                    "same_work_threads": same_work_threads_round,
+                }
+                if cache is not None:
+                    contenders["diskcache"] = diskcache_round
+                figures = await alternate(contenders, rounds, before)
                 lag = ticker.summary_ms()
                 idle = await _idle_lag()
                 out.append(
@@ -252,7 +260,11 @@ async def _promote_cases(
                         floor=Measure(
                             "sync open+os.preadv+close, one reused buffer", figures["floor"]
                         ),
-                        peer=Measure("diskcache.Cache.get", figures["diskcache"]),
+                        peer=(
+                            Measure("diskcache.Cache.get", figures["diskcache"])
+                            if "diskcache" in figures
+                            else None
+                        ),
                         extra={
                             "naive_aiofiles": figures["naive"],
                             "ratio_to_naive_aiofiles": figures["aiotier"] / figures["naive"],
@@ -271,7 +283,8 @@ async def _promote_cases(
         return out
     finally:
         same_work_pool.shutdown()
-        cache.close()
+        if cache is not None:
+            cache.close()
         await tier.aclose()
         shutil.rmtree(tier_dir, ignore_errors=True)
         shutil.rmtree(dc_dir, ignore_errors=True)
@@ -286,8 +299,7 @@ def _tier_paths(tier: SSDTier, keys: list[bytes], block_size: int) -> Iterator[s
 
 
 async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> Case:
-    import diskcache
-
+    diskcache = _diskcache("ssd_demote")
     payload = os.urandom(block_size)
     total = blocks * block_size
     tier_dir = os.path.join(root, f"demote-tier-{block_size}")
@@ -295,7 +307,11 @@ async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> 
     dc_dir = os.path.join(root, f"demote-diskcache-{block_size}")
     os.makedirs(floor_dir, exist_ok=True)
     tier = SSDTier(tier_dir, (rounds + 2) * (total + blocks * 256) + 64 * MiB)
-    cache = diskcache.Cache(dc_dir, size_limit=(rounds + 2) * total * 2)
+    cache = (
+        None
+        if diskcache is None
+        else diskcache.Cache(dc_dir, size_limit=(rounds + 2) * total * 2)
+    )
     counter = {"aiotier": 0, "floor": 0, "diskcache": 0, "tier": 0}
 
     def round_items(name: str) -> list[tuple[bytes, bytes]]:
@@ -303,9 +319,6 @@ async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> 
         r = counter[name]
         keys = [f"{name}-{r}-{i}".encode() for i in range(blocks)]
         return [(k, k[-8:].rjust(8, b"-") + payload[8:]) for k in keys]
-
-    from ..engine import TieringEngine
-    from ..tiers.primary import PrimaryTier
 
     engine = TieringEngine(PrimaryTier(BATCH, block_size), [tier], write_policy="write_back")
     await engine.open()
@@ -344,21 +357,21 @@ async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> 
             return total / (time.perf_counter() - t0) / 1e9
 
         async def diskcache_round() -> float:
+            assert cache is not None
             items = round_items("diskcache")
             t0 = time.perf_counter()
             for k, v in items:
                 cache.set(k, v)
             return total / (time.perf_counter() - t0) / 1e9
 
-        figures = await alternate(
-            {
-                "aiotier": aiotier_round,
-                "floor": floor_round,
-                "diskcache": diskcache_round,
-                "tier": tier_round,
-            },
-            rounds,
-        )
+        contenders: dict[str, Callable[[], Awaitable[float]]] = {
+            "aiotier": aiotier_round,
+            "floor": floor_round,
+            "tier": tier_round,
+        }
+        if cache is not None:
+            contenders["diskcache"] = diskcache_round
+        figures = await alternate(contenders, rounds)
         return Case(
             "ssd_demote",
             {
@@ -372,12 +385,17 @@ async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> 
             True,
             figures["aiotier"],
             floor=Measure("sync write+rename", figures["floor"]),
-            peer=Measure("diskcache.Cache.set", figures["diskcache"]),
+            peer=(
+                Measure("diskcache.Cache.set", figures["diskcache"])
+                if "diskcache" in figures
+                else None
+            ),
             extra={"tier_write_many": figures["tier"]},
         )
     finally:
         await engine.aclose(flush=False)
-        cache.close()
+        if cache is not None:
+            cache.close()
         for d in (tier_dir, floor_dir, dc_dir):
             shutil.rmtree(d, ignore_errors=True)
 
@@ -421,8 +439,11 @@ async def _open_case(root: str, blocks: int) -> Case:
     )
 
 
-async def run(quick: bool, io_threads: int | None = None) -> list[Case]:
-    """Every SSD case; ``quick`` keeps the whole run to about 15 s."""
+async def run(
+    quick: bool, io_threads: int | None = None, cases: Iterable[str] | None = None
+) -> list[Case]:
+    """Every SSD case (or the named ones of :data:`CASES`); ``quick`` keeps it to about 15 s."""
+    wanted = set(CASES) if cases is None else set(cases)
     threads = io_threads if io_threads is not None else SSDTier(".", 1).io_threads
     base = os.environ.get("AIOTIER_BENCH_DIR") or None
     root = tempfile.mkdtemp(prefix="aiotier-bench-ssd-", dir=base)
@@ -431,13 +452,16 @@ async def run(quick: bool, io_threads: int | None = None) -> list[Case]:
     promote = [(256 * KiB, 128 if quick else 1024), (MiB, 128 if quick else 512)]
     demote = [(256 * KiB, 32 if quick else 1024), (MiB, 16 if quick else 256)]
     try:
-        cases: list[Case] = []
-        for block_size, blocks in promote:
-            cases += await _promote_cases(root, block_size, blocks, rounds, threads)
-        for block_size, blocks in demote:
-            cases.append(await _demote_case(root, block_size, blocks, rounds))
-        cases.append(await _open_case(root, 2_000 if quick else 100_000))
-        return cases
+        out: list[Case] = []
+        if "ssd_promote" in wanted:
+            for block_size, blocks in promote:
+                out += await _promote_cases(root, block_size, blocks, rounds, threads)
+        if "ssd_demote" in wanted:
+            for block_size, blocks in demote:
+                out.append(await _demote_case(root, block_size, blocks, rounds))
+        if "ssd_open" in wanted:
+            out.append(await _open_case(root, 2_000 if quick else 100_000))
+        return out
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
