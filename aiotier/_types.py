@@ -96,4 +96,8 @@ def normalize_keys(keys: Iterable[object]) -> list[bytes]:
     """Normalise every key, or raise before anything is done with any of them."""
     if isinstance(keys, str | bytes):
         raise TypeError("keys must be an iterable of keys, not a single str or bytes key")
-    return [normalize_key(k) for k in keys]
+    limit = MAX_KEY_BYTES
+    return [
+        k if k.__class__ is bytes and len(k) <= limit else normalize_key(k)
+        for k in keys
+    ]

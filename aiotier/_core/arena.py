@@ -44,6 +44,11 @@ class Arena:
         off = slot * self.block_size
         return self._view[off : off + self.block_size]
 
+    def slot_views(self, slots: list[int]) -> list[memoryview]:
+        """:meth:`slot_view` of each slot."""
+        view, bs = self._view, self.block_size
+        return [view[s * bs : s * bs + bs] for s in slots]
+
     def data_view(self, slot: int) -> memoryview:
         """A read-only view of exactly the bytes stored in ``slot``."""
         off = slot * self.block_size
@@ -58,6 +63,14 @@ class Arena:
         off = slot * self.block_size
         self._view[off : off + n] = data
         self.lengths[slot] = n
+
+    def set_lengths(self, slots: list[int], lengths: list[int]) -> None:
+        """:meth:`set_length` of each pair."""
+        bs, out = self.block_size, self.lengths
+        for slot, n in zip(slots, lengths, strict=True):
+            if not 0 <= n <= bs:
+                raise ValueError(f"length {n} of slot {slot} is not in 0..{bs}")
+            out[slot] = n
 
     def set_length(self, slot: int, n: int) -> None:
         """Record that ``n`` bytes were written into ``slot`` through its view."""

@@ -67,7 +67,7 @@ class Coherence:
 
     def may_read(self, ti: int, k: bytes) -> bool:
         """Whether tier ``ti`` may serve ``k`` now."""
-        if self._removing[ti][k] or k in self._stale[ti]:
+        if k in self._removing[ti] or k in self._stale[ti]:
             return False
         until = self._backoff.get((ti, k))
         if until is None:
@@ -97,11 +97,27 @@ class Coherence:
 
     def writing(self, ti: int, k: bytes) -> bool:
         """A write of ``k`` to tier ``ti`` is queued or running."""
-        return self._writing[ti][k] > 0
+        return k in self._writing[ti]
 
     def removing(self, ti: int, k: bytes) -> bool:
         """A remove of ``k`` from tier ``ti`` is queued or running."""
-        return self._removing[ti][k] > 0
+        return k in self._removing[ti]
+
+    def keeps(self, ti: int, keys: list[bytes]) -> list[bool]:
+        """For each key, whether tier ``ti`` still keeps the copy it was known to hold: no
+        remove of it is queued, it is not stale, and the tier does not say it lost it."""
+        removing, stale, hint = self._removing[ti], self._stale[ti], self._hints[ti]
+        out: list[bool] = []
+        for k in keys:
+            if k in removing or k in stale:
+                out.append(False)
+                continue
+            try:
+                out.append(hint(k) is not False)
+            except Exception:
+                self._stats.count("tier_errors", self._names[ti], "hint")
+                out.append(True)  # cannot tell: the copy is presumed where it was
+        return out
 
     def is_stale(self, ti: int, k: bytes) -> bool:
         """The last write or remove of ``k`` in tier ``ti`` failed."""
@@ -156,7 +172,7 @@ class Coherence:
     def landed(self, k: bytes, data: bytes) -> None:
         """A demotion write of ``data`` finished: once no tier still writes ``k``, the bytes
         are below and no longer served from memory (unless newer bytes replaced them)."""
-        if self.demoting.get(k) is data and not any(w[k] for w in self._writing):
+        if self.demoting.get(k) is data and not any(k in w for w in self._writing):
             del self.demoting[k]
 
     def busy(self) -> bool:

@@ -27,7 +27,7 @@ from .arena import Arena
 from .coherence import Coherence, Hint
 from .inflight import InflightTable
 from .pins import PinLedger
-from .promotion import Promotions
+from .promotion import PromotionBatch, Promotions
 from .requests import RequestBook, RequestState
 from .stats import CountKey, StepSnapshot, StepStats, TotalStats
 from .table import PENDING, PROMOTING, READY, BlockTable, Evicted, SlotState
@@ -118,7 +118,7 @@ class EngineCore:
                 return _HIT
             if st == PROMOTING:
                 if hold:
-                    self.hold(rs, k, slot)
+                    self.hold(rs, [k], [slot])
                 return _RETRY
             # PENDING: a store in flight answers RETRY until its deadline
             return _RETRY if now < self.inflight.store_deadline.get(slot, 0.0) else _MISS
@@ -127,8 +127,12 @@ class EngineCore:
             return _HIT if self.readmit(k, data, protected) else _MISS
         return None
 
-    def settled_answer(self, k: bytes) -> LookupResult:
-        return _HIT if self.table.ready_slot(k) is not None else _MISS
+    def settled_answers(self, ks: Iterable[bytes]) -> list[LookupResult]:
+        index, state = self.table.index, self.table.state
+        return [
+            _HIT if (slot := index.get(k)) is not None and state[slot] == READY else _MISS
+            for k in ks
+        ]
 
     def in_flight(self, k: bytes) -> tuple[int, float] | None:
         """``(slot, seconds it may stay in flight)`` while ``k`` answers RETRY, else None.
@@ -154,13 +158,27 @@ class EngineCore:
     def settle(self, k: bytes) -> None:
         self.inflight.settle(k, self.clock())
 
-    def hold(self, rs: RequestState | None, k: bytes, slot: int) -> None:
-        """Pin a promoting block for the caller that got RETRY for it, until it loads it."""
+    def hold(
+        self,
+        rs: RequestState | None,
+        keys: list[bytes],
+        slots: list[int],
+        batch: PromotionBatch | None = None,
+    ) -> None:
+        """Pin promoting blocks for the caller that got RETRY for them, until it loads them.
+
+        A request that starts ``batch`` is its holder; one that joins a promotion in flight is
+        a holder of each key it joined.
+        """
         if rs is not None and not self.requests.is_live(rs):
             return  # the request finished while its lookup awaited a tier: it holds nothing
-        if self.pins.hold_retry(rs, k, slot, self.step):
+        if self.pins.hold_retry(rs, keys, slots, self.step):
             assert rs is not None
-            self.inflight.add_holder(k, rs)
+            if batch is not None:
+                batch.holders.append(rs)
+            else:
+                for k in keys:
+                    self.inflight.add_holder(k, rs)
 
     def defer(self, rs: RequestState | None, keys: Iterable[bytes]) -> None:
         """Arm the async delay: per request at its first RETRY, per anonymous call until the
@@ -188,12 +206,15 @@ class EngineCore:
         self.stats.counts[("evictions", self.primary_name)] += len(evicted)
         self.events.append(BlockEvent(tuple(keys), self.primary_name, True))
         if self.write_policy == "write_back" and self.tier_names:
-            coherence = self.coherence
+            # a clean block's bytes are in the first tier already, unless a remove of them
+            # is queued there or the tier lost them
+            clean = [k for k, _, is_clean in evicted if is_clean]
+            keeps = self.coherence.keeps(0, clean)
+            kept = {k for k, kept in zip(clean, keeps, strict=True) if kept}
             read = self.arena.read
-            for k, slot, clean in evicted:
-                if clean and not coherence.removing(0, k) and coherence.holds(0, k) is not False:
-                    continue
-                self.writes.demote(0, k, read(slot))
+            for k, slot, _ in evicted:
+                if k not in kept:
+                    self.writes.demote(0, k, read(slot))
         return keys
 
     def readmit(self, k: bytes, data: bytes, protected: Sequence[int] = ()) -> bool:
@@ -398,7 +419,7 @@ class EngineCore:
         """Drop the primary's block for ``k``: in-flight readers and loaders keep their pins."""
         st = self.table.state[slot]
         if st == PROMOTING:
-            self.pins.drop_retry_pins(k, slot, self.inflight.holders(k))
+            self.pins.drop_retry_pins(k, slot, self.promotions.holders(k, slot))
         elif st == PENDING:
             self.inflight.store_deadline.pop(slot, None)
         self.table.detach(slot)

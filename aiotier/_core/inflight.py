@@ -93,6 +93,23 @@ class InflightTable:
                     self._stats.observe("async_delay", now - d.start)
         self._holders.pop(k, None)
 
+    def settle_many(self, keys: Iterable[bytes], now: float) -> None:
+        """:meth:`settle` of each key (cheap when nobody waits)."""
+        if self._deferrals:
+            for k in keys:
+                self.settle(k, now)
+            return
+        waiters, holders = self._waiters, self._holders
+        if waiters:
+            for k in keys:
+                woken = waiters.pop(k, None)
+                if woken is not None:
+                    for wake in woken:
+                        wake()
+        if holders:
+            for k in keys:
+                holders.pop(k, None)
+
     def waiting_keys(self) -> list[bytes]:
         """Keys someone waits for or an anonymous deferral counts on (settled at close)."""
         return list(self._waiters.keys() | self._deferrals.keys() | self._holders.keys())

@@ -31,26 +31,35 @@ class PinLedger:
         self._table = table
         self.pin_steps = pin_steps
         self._anon_retry: dict[bytes, int] = {}  # anonymous RETRY pins, dropped at end_step
-        self._expiry: deque[tuple[int, RequestState, bytes, int]] = deque()
+        # (step at which they expire, request, keys, slots) of RETRY pins taken together
+        self._expiry: deque[tuple[int, RequestState, list[bytes], list[int]]] = deque()
 
     # -- RETRY pins ------------------------------------------------------------------------------
 
-    def hold_retry(self, rs: RequestState | None, k: bytes, slot: int, step: int) -> bool:
-        """Pin a promoting block for the caller that got RETRY for it (once per caller).
-
-        Returns True when a request (not an anonymous call) took a new pin: it is then one of
-        the block's holders, whose pins go if the promotion fails.
-        """
+    def hold_retry(
+        self, rs: RequestState | None, keys: list[bytes], slots: list[int], step: int
+    ) -> bool:
+        """Pin promoting blocks for the caller that got RETRY for them (once per caller and
+        key). Returns True when a request (not an anonymous call) took a new pin: it is then
+        one of the blocks' holders, whose pins go if a promotion fails."""
+        pins = self._table.pins
         if rs is None:
-            if k not in self._anon_retry:
-                self._anon_retry[k] = slot
-                self._table.pin(slot)
+            anon = self._anon_retry
+            for k, slot in zip(keys, slots, strict=True):
+                if k not in anon:
+                    anon[k] = slot
+                    pins[slot] += 1
             return False
-        if k in rs.promo_pins:
+        held = rs.promo_pins
+        if not held.keys().isdisjoint(keys):
+            pairs = [(k, s) for k, s in zip(keys, slots, strict=True) if k not in held]
+            keys, slots = [k for k, _ in pairs], [s for _, s in pairs]
+        if not keys:
             return False
-        rs.promo_pins[k] = slot
-        self._table.pin(slot)
-        self._expiry.append((step + self.pin_steps, rs, k, slot))
+        for k, slot in zip(keys, slots, strict=True):
+            held[k] = slot
+            pins[slot] += 1
+        self._expiry.append((step + self.pin_steps, rs, keys, slots))
         return True
 
     def drop_retry_pins(self, k: bytes, slot: int, holders: Iterable[RequestState]) -> None:
@@ -74,9 +83,10 @@ class PinLedger:
         anonymous one, go."""
         expiry = self._expiry
         while expiry and expiry[0][0] <= step:
-            _, rs, k, slot = expiry.popleft()
-            if rs.promo_pins.get(k) == slot:
-                self.release_retry(rs, k)
+            _, rs, keys, slots = expiry.popleft()
+            for k, slot in zip(keys, slots, strict=True):
+                if rs.promo_pins.get(k) == slot:
+                    self.release_retry(rs, k)
         unpin = self._table.unpin
         for slot in self._anon_retry.values():
             unpin(slot)
@@ -152,8 +162,8 @@ class PinLedger:
 
         Returns its uncompleted stores ``(key, slot)``: the caller aborts those still pending.
         """
-        for k in list(rs.promo_pins):
-            self.release_retry(rs, k)
+        self._table.unpin_many(rs.promo_pins.values())
+        rs.promo_pins.clear()
         unpin = self._table.unpin
         for slots in rs.load_pins.values():
             for slot in slots:

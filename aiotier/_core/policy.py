@@ -25,6 +25,11 @@ class EvictionPolicy(ABC):
     def insert(self, slot: int, key: bytes) -> None:
         """``slot`` now holds ``key`` (most recently used)."""
 
+    def insert_many(self, slots: list[int], keys: list[bytes]) -> None:
+        """:meth:`insert` of each pair, in order."""
+        for slot, key in zip(slots, keys, strict=True):
+            self.insert(slot, key)
+
     @abstractmethod
     def touch(self, slot: int) -> None:
         """``slot`` was used."""
@@ -79,6 +84,17 @@ class LRUPolicy(EvictionPolicy):
             self._unlink(slot)
         self._link_mru(slot)
 
+    def insert_many(self, slots: list[int], keys: list[bytes]) -> None:
+        nxt, prv, s = self._next, self._prev, self._sentinel
+        for slot in slots:
+            if nxt[slot] != -1:
+                self._unlink(slot)
+            last = prv[s]
+            nxt[last] = slot
+            prv[slot] = last
+            nxt[slot] = s
+            prv[s] = slot
+
     def touch(self, slot: int) -> None:
         if self._next[slot] != -1 and self._prev[self._sentinel] != slot:
             self._unlink(slot)
@@ -99,8 +115,12 @@ class LRUPolicy(EvictionPolicy):
             cur = nxt[cur]
         if len(victims) < n:
             return None
+        prv = self._prev
         for v in victims:
-            self._unlink(v)
+            p, q = prv[v], nxt[v]
+            nxt[p] = q
+            prv[q] = p
+            nxt[v] = prv[v] = -1
         return victims
 
     def order(self) -> list[int]:

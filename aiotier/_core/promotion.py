@@ -42,15 +42,21 @@ class Outcome(enum.Enum):
 
 
 class PromotionBatch:
-    """Keys read from one tier into their reserved slots by one task."""
+    """Keys read from one tier into their reserved slots by one task.
 
-    __slots__ = ("keys", "slots", "started", "tier")
+    ``holders`` are the requests whose lookup started it and that hold RETRY pins on its
+    blocks (requests that join a promotion later are registered per key, in the in-flight
+    table).
+    """
+
+    __slots__ = ("holders", "keys", "slots", "started", "tier")
 
     def __init__(self, tier: int, keys: list[bytes], slots: list[int], started: float) -> None:
         self.tier = tier
         self.keys = keys
         self.slots = slots
         self.started = started
+        self.holders: list[RequestState] = []
 
 
 class LookupScan:
@@ -128,14 +134,17 @@ class Promotions:
         core = self._core
         stats = core.stats
         scan = LookupScan(keys, rs, exclude, prefix=prefix, hold=hold)
-        results, protected = scan.results, scan.protected
+        results, protected, need = scan.results, scan.protected, scan.need
         index, state = core.table.index, core.table.state
+        demoting = core.coherence.demoting
         now = core.clock()
         for i, k in enumerate(keys):
+            if k not in index and k not in demoting:
+                need.append(i)  # the primary has nothing to say: the tiers are asked
+                continue
             answer = core.primary_answer(k, rs, now, protected, hold=hold)
             if answer is None:
-                stats.primary_miss += 1
-                scan.need.append(i)
+                need.append(i)
                 continue
             results[i] = answer
             slot = index.get(k)
@@ -148,7 +157,8 @@ class Promotions:
                 scan.retry_keys.append(k)
             else:
                 stats.primary_miss += 1
-        scan.open = scan.need
+        stats.primary_miss += len(need)
+        scan.open = need
         return scan
 
     def begin_below(self, key: bytes) -> LookupScan:
@@ -217,7 +227,7 @@ class Promotions:
             for i, r in enumerate(results):
                 if r is _HIT and ready(keys[i]) is None:
                     results[i] = _MISS
-            scan.retry_keys.extend(keys[i] for i in scan.need if results[i] is _RETRY)
+            scan.retry_keys += [keys[i] for i in scan.need if results[i] is _RETRY]
         if scan.consulted:  # only a lookup that asked a secondary tier has a sync delay
             core.add_sync_delay(scan.rs, elapsed)
         if scan.retry_keys:
@@ -278,18 +288,25 @@ class Promotions:
             return None
         del keys[placed:]
         core.evicted(evicted)
-        pin = table.pin
-        hold = scan.hold
-        for k, slot, i in zip(keys, slots, where, strict=False):
-            pin(slot)  # the read's own pin: the slot stays reserved until the read stops
-            if hold:
-                core.hold(rs, k, slot)
+        table.pin_many(slots)  # each read's own pin: the slot stays reserved until it stops
+        batch = PromotionBatch(ti, keys, slots, core.clock())
+        if scan.hold:
+            core.hold(rs, keys, slots, batch)
+        for i in where[:placed]:
             results[i] = _RETRY
         protected.extend(slots)
         core.inflight.promoting += placed
-        batch = PromotionBatch(ti, keys, slots, core.clock())
         self.in_flight.add(batch)
         return batch
+
+    def holders(self, k: bytes, slot: int) -> list[RequestState]:
+        """The requests that may hold a RETRY pin on the promotion of ``k`` into ``slot``."""
+        out = list(self._core.inflight.holders(k))
+        for batch in self.in_flight:
+            if batch.holders and slot in batch.slots:
+                out.extend(batch.holders)
+                break
+        return out
 
     # -- the read's end --------------------------------------------------------------------------
 
@@ -321,22 +338,18 @@ class Promotions:
         if outcome is Outcome.OK and len(lengths) != len(batch.keys):
             outcome = Outcome.ERROR
         block_size = core.arena.block_size
-        set_length = core.arena.set_length
         index = table.index
-        settle = core.inflight.settle
-        clean = ti == 0
+        ok_keys: list[bytes] = []
+        ok_slots: list[int] = []
+        ok_lengths: list[int] = []
         failed: list[int] = []
-        ok = ok_bytes = 0
         for n, (k, slot) in enumerate(zip(batch.keys, batch.slots, strict=True)):
             result = lengths[n] if outcome is Outcome.OK else None
             owned = index.get(k) == slot
-            if owned and isinstance(result, int) and 0 <= result <= block_size:
-                set_length(slot, result)
-                table.mark_ready(slot, clean=clean)
-                table.unpin(slot)
-                settle(k, now)
-                ok += 1
-                ok_bytes += result
+            if owned and result.__class__ is int and 0 <= result <= block_size:
+                ok_keys.append(k)
+                ok_slots.append(slot)
+                ok_lengths.append(result)
                 continue
             failed.append(slot)
             if not owned:
@@ -353,10 +366,13 @@ class Promotions:
                 stats.counts[("tier_errors", name, "read")] += 1
             label = Outcome.ERROR.value if outcome is Outcome.OK else outcome.value
             stats.counts[("promotions", name, label)] += 1
-            self._failed(ti, k, slot, now)
-        if ok:
-            stats.counts[("promotions", name, "ok")] += ok
-            stats.counts[("read_bytes", name)] += ok_bytes
+            self._failed(batch, k, slot, now)
+        if ok_slots:
+            core.arena.set_lengths(ok_slots, ok_lengths)
+            table.promoted(ok_slots, clean=ti == 0)
+            core.inflight.settle_many(ok_keys, now)
+            stats.counts[("promotions", name, "ok")] += len(ok_slots)
+            stats.counts[("read_bytes", name)] += sum(ok_lengths)
         core.inflight.promoting -= len(batch.keys)
         if read_stopped:
             self.release_read_pins(failed)
@@ -369,12 +385,13 @@ class Promotions:
         for slot in slots:
             unpin(slot)
 
-    def _failed(self, ti: int, k: bytes, slot: int, now: float) -> None:
+    def _failed(self, batch: PromotionBatch, k: bytes, slot: int, now: float) -> None:
         """Turn the key into a MISS now, and back off from reading it from that tier."""
         core = self._core
-        core.pins.drop_retry_pins(k, slot, core.inflight.holders(k))
+        holders = [*batch.holders, *core.inflight.holders(k)]
+        core.pins.drop_retry_pins(k, slot, holders)
         core.table.detach(slot)  # an orphan until the read's own pin goes
-        core.coherence.back_off(ti, k)
+        core.coherence.back_off(batch.tier, k)
         core.inflight.settle(k, now)
 
     def cancel_all(self) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .policy import EvictionPolicy
 
@@ -103,9 +103,7 @@ class BlockTable:
         need = len(keys) - len(self.free)
         evicted: list[Evicted] = []
         if need > 0:
-            guard = frozenset(protected)
-            ok = self.evictable
-            victims = self.policy.evict(need, (lambda s: ok(s) and s not in guard) if guard else ok)
+            victims = self.policy.evict(need, self._evictable_except(protected))
             if victims is None:
                 return None
             for s in victims:
@@ -118,7 +116,7 @@ class BlockTable:
                 evicted.append((k, s, self._clean[s] == 1))
         slots: list[int] = []
         index, owners, states, pins = self.index, self.keys, self.state, self.pins
-        clean, free, insert = self._clean, self.free, self.policy.insert
+        clean, free = self._clean, self.free
         for k in keys:
             s = free.pop()
             index[k] = s
@@ -126,9 +124,16 @@ class BlockTable:
             states[s] = state
             pins[s] = 0
             clean[s] = 0
-            insert(s, k)
             slots.append(s)
+        self.policy.insert_many(slots, keys)
         return slots, evicted
+
+    def _evictable_except(self, protected: Iterable[int]) -> Callable[[int], bool]:
+        states, pins = self.state, self.pins
+        guard = frozenset(protected)
+        if guard:
+            return lambda s: states[s] == READY and pins[s] == 0 and s not in guard
+        return lambda s: states[s] == READY and pins[s] == 0
 
     def allocate_prefix(
         self, keys: list[bytes], state: SlotState, protected: Iterable[int] = ()
@@ -136,14 +141,22 @@ class BlockTable:
         """:meth:`allocate` for the longest leading run of ``keys`` that fits (maybe none)."""
         got = self.allocate(keys, state, protected)
         if got is None:
-            guard = frozenset(protected)
-            ok = self.evictable
-            room = len(self.free) + sum(
-                1 for s in self.policy.order() if ok(s) and s not in guard
-            )
-            got = self.allocate(keys[:room], state, guard)
+            ok = self._evictable_except(protected)
+            room = len(self.free) + sum(1 for s in self.policy.order() if ok(s))
+            got = self.allocate(keys[:room], state, protected)
             assert got is not None, "the evictable slots were counted just now"
         return got
+
+    def promoted(self, slots: list[int], *, clean: bool) -> None:
+        """Promotion reads landed in ``slots``: READY, and each read's own pin released."""
+        states, pins, flags = self.state, self.pins, self._clean
+        flag = 1 if clean else 0
+        for slot in slots:
+            if states[slot] != PROMOTING:
+                raise RuntimeError(f"slot {slot} is {SlotState(states[slot]).name}, not promoting")
+            states[slot] = READY
+            flags[slot] = flag
+            pins[slot] -= 1
 
     def mark_ready(self, slot: int, *, clean: bool) -> None:
         """A pending store completed or a promotion landed: the block is loadable."""
@@ -185,6 +198,21 @@ class BlockTable:
 
     def pin(self, slot: int) -> None:
         self.pins[slot] += 1
+
+    def pin_many(self, slots: Iterable[int]) -> None:
+        pins = self.pins
+        for slot in slots:
+            pins[slot] += 1
+
+    def unpin_many(self, slots: Iterable[int]) -> None:
+        pins, states = self.pins, self.state
+        for slot in slots:
+            n = pins[slot] - 1
+            if n < 0:
+                raise RuntimeError(f"slot {slot} unpinned more often than pinned")
+            pins[slot] = n
+            if n == 0 and states[slot] == ORPHAN:
+                self.release(slot)
 
     def unpin(self, slot: int) -> None:
         n = self.pins[slot] - 1

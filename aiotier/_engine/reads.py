@@ -16,6 +16,7 @@ from typing import Any
 from .._core.engine_core import EngineCore
 from .._core.promotion import LookupScan, Outcome, PromotionBatch
 from .._core.requests import RequestState
+from .._core.table import READY
 from .._types import LookupResult
 from ..errors import TieringError
 from ..tiers.base import SecondaryTier
@@ -93,10 +94,8 @@ class TierReads:
         once, and the slots of keys it failed stay pinned until the read has really stopped.
         """
         tier = self._tiers[batch.tier]
-        view = self._core.arena.slot_view
-        read = asyncio.ensure_future(
-            tier.read_many_into(batch.keys, [view(s) for s in batch.slots])
-        )
+        views = self._core.arena.slot_views(batch.slots)
+        read = asyncio.ensure_future(tier.read_many_into(batch.keys, views))
         read.add_done_callback(_consume)
         outcome = Outcome.OK
         lengths: list[int | Exception] = []
@@ -124,7 +123,11 @@ class TierReads:
         core = self._core
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        index, state = core.table.index, core.table.state
         for k in ks:
+            slot = index.get(k)
+            if slot is None or state[slot] == READY:
+                continue  # settled: no need to ask further
             while True:
                 got = core.in_flight(k)
                 if got is None:
@@ -146,7 +149,7 @@ class TierReads:
                     core.inflight.remove_waiter(k, waiter)
                 if core.closed:
                     break
-        return [core.settled_answer(k) for k in ks]
+        return core.settled_answers(ks)
 
 
 def _wake(fut: asyncio.Future[None]) -> None:
