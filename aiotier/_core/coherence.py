@@ -103,20 +103,20 @@ class Coherence:
         """A remove of ``k`` from tier ``ti`` is queued or running."""
         return k in self._removing[ti]
 
-    def keeps(self, ti: int, keys: list[bytes]) -> list[bool]:
-        """For each key, whether tier ``ti`` still keeps the copy it was known to hold: no
+    def kept(self, ti: int, keys: list[bytes]) -> set[bytes]:
+        """Of ``keys``, those whose copy tier ``ti`` was known to hold is still there: no
         remove of it is queued, it is not stale, and the tier does not say it lost it."""
         removing, stale, hint = self._removing[ti], self._stale[ti], self._hints[ti]
-        out: list[bool] = []
+        out: set[bytes] = set()
         for k in keys:
             if k in removing or k in stale:
-                out.append(False)
                 continue
             try:
-                out.append(hint(k) is not False)
+                if hint(k) is False:
+                    continue
             except Exception:
                 self._stats.count("tier_errors", self._names[ti], "hint")
-                out.append(True)  # cannot tell: the copy is presumed where it was
+            out.add(k)  # held, or cannot tell: the copy is presumed where it was
         return out
 
     def is_stale(self, ti: int, k: bytes) -> bool:

@@ -208,9 +208,7 @@ class EngineCore:
         if self.write_policy == "write_back" and self.tier_names:
             # a clean block's bytes are in the first tier already, unless a remove of them
             # is queued there or the tier lost them
-            clean = [k for k, _, is_clean in evicted if is_clean]
-            keeps = self.coherence.keeps(0, clean)
-            kept = {k for k, kept in zip(clean, keeps, strict=True) if kept}
+            kept = self.coherence.kept(0, [k for k, _, is_clean in evicted if is_clean])
             read = self.arena.read
             for k, slot, _ in evicted:
                 if k not in kept:

@@ -84,6 +84,8 @@ class PinLedger:
         expiry = self._expiry
         while expiry and expiry[0][0] <= step:
             _, rs, keys, slots = expiry.popleft()
+            if not rs.promo_pins:
+                continue  # released already (loaded, or the request finished)
             for k, slot in zip(keys, slots, strict=True):
                 if rs.promo_pins.get(k) == slot:
                     self.release_retry(rs, k)

@@ -50,16 +50,18 @@ class EvictionPolicy(ABC):
 class LRUPolicy(EvictionPolicy):
     """Least recently used, as an intrusive doubly linked list over slot numbers.
 
-    Two ``array('i')`` of ``num_blocks + 1`` entries (the last is the sentinel) cost 8 bytes per
+    Two ``array('I')`` of ``num_blocks + 1`` entries (the last is the sentinel) cost 8 bytes per
     block and no Python object per entry, which keeps a 1e6-block index small.
     """
 
-    __slots__ = ("_next", "_prev", "_sentinel")
+    __slots__ = ("_next", "_nil", "_prev", "_sentinel")
 
     def __init__(self, num_blocks: int) -> None:
         self._sentinel = s = num_blocks
-        self._next = array("i", [-1]) * (num_blocks + 1)
-        self._prev = array("i", [-1]) * (num_blocks + 1)
+        # unsigned arrays: their item writes skip the argument parsing that signed ones do
+        self._nil = nil = num_blocks + 1  # the link of a slot that is not in the list
+        self._next = array("I", [nil]) * (num_blocks + 1)
+        self._prev = array("I", [nil]) * (num_blocks + 1)
         self._next[s] = s
         self._prev[s] = s
 
@@ -76,18 +78,18 @@ class LRUPolicy(EvictionPolicy):
         n = self._next[slot]
         self._next[p] = n
         self._prev[n] = p
-        self._next[slot] = -1
-        self._prev[slot] = -1
+        self._next[slot] = self._nil
+        self._prev[slot] = self._nil
 
     def insert(self, slot: int, key: bytes) -> None:
-        if self._next[slot] != -1:
+        if self._next[slot] != self._nil:
             self._unlink(slot)
         self._link_mru(slot)
 
     def insert_many(self, slots: list[int], keys: list[bytes]) -> None:
-        nxt, prv, s = self._next, self._prev, self._sentinel
+        nxt, prv, s, nil = self._next, self._prev, self._sentinel, self._nil
         for slot in slots:
-            if nxt[slot] != -1:
+            if nxt[slot] != nil:
                 self._unlink(slot)
             last = prv[s]
             nxt[last] = slot
@@ -96,12 +98,12 @@ class LRUPolicy(EvictionPolicy):
             prv[s] = slot
 
     def touch(self, slot: int) -> None:
-        if self._next[slot] != -1 and self._prev[self._sentinel] != slot:
+        if self._next[slot] != self._nil and self._prev[self._sentinel] != slot:
             self._unlink(slot)
             self._link_mru(slot)
 
     def remove(self, slot: int) -> None:
-        if self._next[slot] != -1:
+        if self._next[slot] != self._nil:
             self._unlink(slot)
 
     def evict(self, n: int, evictable: Evictable) -> list[int] | None:
@@ -115,12 +117,12 @@ class LRUPolicy(EvictionPolicy):
             cur = nxt[cur]
         if len(victims) < n:
             return None
-        prv = self._prev
+        prv, nil = self._prev, self._nil
         for v in victims:
             p, q = prv[v], nxt[v]
             nxt[p] = q
             prv[q] = p
-            nxt[v] = prv[v] = -1
+            nxt[v] = prv[v] = nil
         return victims
 
     def order(self) -> list[int]:

@@ -253,29 +253,8 @@ class Promotions:
         (counted as allocation failures of the promotion phase)."""
         core = self._core
         table = core.table
-        results, ks, rs, protected = scan.results, scan.keys, scan.rs, scan.protected
-        keys: list[bytes] = []
-        where: list[int] = []
-        taken: set[bytes] = set()
-        index = table.index
-        demoting = core.coherence.demoting
-        coherence = core.coherence
-        check = not coherence.all_readable(ti)
-        now = core.clock()
-        for i in positions:
-            k = ks[i]
-            if check and not coherence.may_read(ti, k):
-                # a put or delete queued a remove while we awaited the tier: its answer is stale
-                results[i] = _MISS
-                continue
-            if k in index or k in taken or k in demoting:
-                # a concurrent lookup got there while this one awaited the tiers
-                answer = core.primary_answer(k, rs, now, protected, hold=scan.hold)
-                results[i] = answer if answer is not None else _MISS
-                continue
-            keys.append(k)
-            taken.add(k)
-            where.append(i)
+        results, rs, protected = scan.results, scan.rs, scan.protected
+        keys, where = self._claim(scan, ti, positions)
         room = max(self.max_in_flight - core.inflight.promoting, 0)
         slots, evicted = table.allocate_prefix(keys[:room], PROMOTING, protected)
         placed = len(slots)
@@ -298,6 +277,45 @@ class Promotions:
         core.inflight.promoting += placed
         self.in_flight.add(batch)
         return batch
+
+    def _claim(
+        self, scan: LookupScan, ti: int, positions: list[int]
+    ) -> tuple[list[bytes], list[int]]:
+        """The keys at ``positions`` still to promote from tier ``ti``, and their positions.
+
+        While the lookup awaited the tiers a concurrent call may have started the same
+        promotion, put or deleted a key (its answer is now the primary's), or queued a
+        remove in tier ``ti`` (the tier's answer is stale: MISS). Duplicate keys count once.
+        """
+        core = self._core
+        index, coherence = core.table.index, core.coherence
+        demoting = coherence.demoting
+        ks = scan.keys
+        keys = [ks[i] for i in positions]
+        if (
+            coherence.all_readable(ti)
+            and not any([k in index or k in demoting for k in keys])
+            and len(set(keys)) == len(keys)
+        ):
+            return keys, positions
+        results = scan.results
+        keys, where = [], []
+        taken: set[bytes] = set()
+        check = not coherence.all_readable(ti)
+        now = core.clock()
+        for i in positions:
+            k = ks[i]
+            if check and not coherence.may_read(ti, k):
+                results[i] = _MISS
+                continue
+            if k in index or k in taken or k in demoting:
+                answer = core.primary_answer(k, scan.rs, now, scan.protected, hold=scan.hold)
+                results[i] = answer if answer is not None else _MISS
+                continue
+            keys.append(k)
+            taken.add(k)
+            where.append(i)
+        return keys, where
 
     def holders(self, k: bytes, slot: int) -> list[RequestState]:
         """The requests that may hold a RETRY pin on the promotion of ``k`` into ``slot``."""
@@ -332,18 +350,26 @@ class Promotions:
         table = core.table
         stats = core.stats
         name = core.tier_names[batch.tier]
-        ti = batch.tier
         now = core.clock()
         stats.observe("promotion_duration", now - batch.started, name)
         if outcome is Outcome.OK and len(lengths) != len(batch.keys):
             outcome = Outcome.ERROR
         block_size = core.arena.block_size
         index = table.index
+        keys, slots = batch.keys, batch.slots
+        if outcome is Outcome.OK and all(
+            [
+                index.get(k) == s and n.__class__ is int and 0 <= n <= block_size
+                for k, s, n in zip(keys, slots, lengths, strict=True)
+            ]
+        ):  # the common case: every block landed
+            self._landed(batch, keys, slots, lengths, now)  # type: ignore[arg-type]
+            return []
         ok_keys: list[bytes] = []
         ok_slots: list[int] = []
         ok_lengths: list[int] = []
         failed: list[int] = []
-        for n, (k, slot) in enumerate(zip(batch.keys, batch.slots, strict=True)):
+        for n, (k, slot) in enumerate(zip(keys, slots, strict=True)):
             result = lengths[n] if outcome is Outcome.OK else None
             owned = index.get(k) == slot
             if owned and result.__class__ is int and 0 <= result <= block_size:
@@ -368,16 +394,31 @@ class Promotions:
             stats.counts[("promotions", name, label)] += 1
             self._failed(batch, k, slot, now)
         if ok_slots:
-            core.arena.set_lengths(ok_slots, ok_lengths)
-            table.promoted(ok_slots, clean=ti == 0)
-            core.inflight.settle_many(ok_keys, now)
-            stats.counts[("promotions", name, "ok")] += len(ok_slots)
-            stats.counts[("read_bytes", name)] += sum(ok_lengths)
-        core.inflight.promoting -= len(batch.keys)
+            self._landed(batch, ok_keys, ok_slots, ok_lengths, now)
+        core.inflight.promoting -= len(keys) - len(ok_slots)
         if read_stopped:
             self.release_read_pins(failed)
             return []
         return failed
+
+    def _landed(
+        self,
+        batch: PromotionBatch,
+        keys: list[bytes],
+        slots: list[int],
+        lengths: list[int],
+        now: float,
+    ) -> None:
+        """These blocks of ``batch`` are in their slots: loadable, counted, settled."""
+        core = self._core
+        name = core.tier_names[batch.tier]
+        core.arena.set_lengths(slots, lengths)
+        core.table.promoted(slots, clean=batch.tier == 0)
+        core.inflight.settle_many(keys, now)
+        core.inflight.promoting -= len(slots)
+        counts = core.stats.counts
+        counts[("promotions", name, "ok")] += len(slots)
+        counts[("read_bytes", name)] += sum(lengths)
 
     def release_read_pins(self, slots: Sequence[int]) -> None:
         """The reads into ``slots`` stopped: their slots may be reused."""

@@ -58,7 +58,7 @@ class BlockTable:
         self.index: dict[bytes, int] = {}
         self.keys: list[bytes | None] = [None] * num_blocks
         self.state = bytearray(num_blocks)
-        self.pins = array("i", [0]) * num_blocks
+        self.pins = array("I", [0]) * num_blocks  # unsigned: cheaper item writes than signed
         # 1 when the slot's bytes are known to be in the first secondary tier unchanged, so a
         # write-back eviction can skip the write.
         self._clean = bytearray(num_blocks)
@@ -100,31 +100,30 @@ class BlockTable:
         (their bytes are still in the arena until the new owner writes: copy them before
         awaiting), or ``None`` with nothing changed when not enough unpinned blocks exist.
         """
-        need = len(keys) - len(self.free)
+        n = len(keys)
+        free, index, owners, states = self.free, self.index, self.keys, self.state
+        clean = self._clean
+        need = n - len(free)
         evicted: list[Evicted] = []
         if need > 0:
             victims = self.policy.evict(need, self._evictable_except(protected))
             if victims is None:
                 return None
-            for s in victims:
-                k = self.keys[s]
-                assert k is not None
-                del self.index[k]
-                self.keys[s] = None
-                self.state[s] = FREE
-                self.free.append(s)
-                evicted.append((k, s, self._clean[s] == 1))
-        slots: list[int] = []
-        index, owners, states, pins = self.index, self.keys, self.state, self.pins
-        clean, free = self._clean, self.free
-        for k in keys:
-            s = free.pop()
-            index[k] = s
+            evicted = [(owners[s], s, clean[s] == 1) for s in victims]  # type: ignore[misc]
+            for k, _, _ in evicted:
+                del index[k]
+            free += victims  # each victim is reused below: it is never seen free
+        if not n:
+            return [], evicted
+        # free slots and evicted ones have no pins: only the owner, state and flag change
+        slots = free[-n:]
+        slots.reverse()
+        del free[-n:]
+        index.update(zip(keys, slots, strict=True))
+        for k, s in zip(keys, slots, strict=True):
             owners[s] = k
             states[s] = state
-            pins[s] = 0
             clean[s] = 0
-            slots.append(s)
         self.policy.insert_many(slots, keys)
         return slots, evicted
 
@@ -211,7 +210,7 @@ class BlockTable:
             if n < 0:
                 raise RuntimeError(f"slot {slot} unpinned more often than pinned")
             pins[slot] = n
-            if n == 0 and states[slot] == ORPHAN:
+            if not n and states[slot] == ORPHAN:
                 self.release(slot)
 
     def unpin(self, slot: int) -> None:

@@ -36,37 +36,42 @@ class MemoryTier(SecondaryTier):
         hit, miss = LookupResult.HIT, LookupResult.MISS
         return [hit if k in data or k in evicted else miss for k in keys]
 
-    def _copy_into(self, key: bytes, buf: memoryview) -> int:
-        data = self._data.get(key)
-        if data is None:
-            data = self._evicted.get(key)
-            if data is None:
-                return -1
-        n = len(data)
-        if n > len(buf):
-            raise ValueError(
-                f"tier {self.name!r}: block {key[:64]!r} is {n} bytes, buffer holds {len(buf)}"
-            )
-        buf[:n] = data
-        self._budget.touch(key)
-        return n
-
     async def read_into(self, key: bytes, buf: memoryview) -> int:
-        return self._copy_into(key, buf)
+        (n,) = self._copy_into([key], [buf])
+        if isinstance(n, Exception):
+            raise n
+        return n
 
     async def read_many_into(
         self, keys: Sequence[bytes], bufs: Sequence[memoryview]
     ) -> list[int | Exception]:
-        """Every copy in one go: nothing here suspends."""
         if type(self).read_into is not MemoryTier.read_into:  # a subclass reads its own way
             return await super().read_many_into(keys, bufs)
-        copy = self._copy_into
+        return self._copy_into(keys, bufs)
+
+    def _copy_into(
+        self, keys: Sequence[bytes], bufs: Sequence[memoryview]
+    ) -> list[int | Exception]:
+        """Copy each block into its buffer: its length, -1 when absent, or a ``ValueError``
+        when it does not fit. Nothing here suspends, so a batch is one loop."""
+        data, evicted, touch = self._data, self._evicted, self._budget.touch
         out: list[int | Exception] = []
         for key, buf in zip(keys, bufs, strict=True):
-            try:
-                out.append(copy(key, buf))
-            except ValueError as exc:
-                out.append(exc)
+            blob = data.get(key)
+            if blob is None:
+                blob = evicted.get(key)
+                if blob is None:
+                    out.append(-1)
+                    continue
+            n = len(blob)
+            if n > len(buf):
+                out.append(ValueError(
+                    f"tier {self.name!r}: block {key[:64]!r} is {n} bytes, buffer holds {len(buf)}"
+                ))  # fmt: skip
+                continue
+            buf[:n] = blob
+            touch(key)
+            out.append(n)
         return out
 
     async def write(self, key: bytes, data: bytes | memoryview) -> None:
