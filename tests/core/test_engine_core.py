@@ -1,0 +1,219 @@
+"""The engine's state machine, driven by hand with no event loop: each test performs the I/O the
+core asks for (or pretends a tier answered) and checks the state it lands in."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from aiotier import LookupResult, PrimaryTier
+from aiotier._core.engine_core import EngineCore
+from aiotier._core.metrics import METRICS
+from aiotier._core.promotion import Outcome, PromotionBatch
+from aiotier._core.writeback import OpKind
+
+HIT, MISS, RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Harness:
+    """An ``EngineCore`` over one primary and tiers whose contents are plain sets of keys."""
+
+    def __init__(
+        self,
+        num_blocks: int = 4,
+        *,
+        tiers: Sequence[str] = ("memory",),
+        write_policy: str = "write_back",
+        max_pending_write_bytes: int = 1 << 20,
+    ) -> None:
+        self.clock = Clock()
+        self.held: list[set[bytes]] = [set() for _ in tiers]
+        self.notified: list[int] = []
+        primary = PrimaryTier(num_blocks, 8)
+        self.core = EngineCore(
+            primary.arena,
+            primary.table,
+            tier_names=tiers,
+            hints=[held.__contains__ for held in self.held],
+            write_policy=write_policy,
+            promotion_timeout=5.0,
+            backoff_seconds=1.0,
+            max_pending_write_bytes=max_pending_write_bytes,
+            notify=self.notified.append,
+            clock=self.clock,
+        )
+
+    def lookup(
+        self, keys: list[bytes], answers: list[LookupResult], req_id: str | None = None
+    ) -> tuple[list[LookupResult], list[PromotionBatch]]:
+        """A lookup whose first tier answers ``answers`` for the keys it is asked about."""
+        promotions = self.core.promotions
+        rs = None if req_id is None else self.core.requests.open(req_id)
+        scan = promotions.begin(keys, rs)
+        asked = promotions.ask(scan, 0)
+        if asked:
+            promotions.answered(scan, 0, answers[: len(asked)])
+        batches = promotions.finish(scan, elapsed=0.001)
+        return scan.results, batches
+
+    def count(self, *key: str) -> int:
+        return self.core.stats.peek_counts()[key]
+
+
+def test_a_promotion_reserves_its_slot_at_once_and_lands_as_a_hit() -> None:
+    h = Harness()
+    results, (batch,) = h.lookup([b"k"], [HIT])
+    assert results == [RETRY]
+    assert h.core.in_flight(b"k") is not None
+    again, more = h.lookup([b"k"], [HIT])  # a second lookup sees it in flight
+    assert again == [RETRY] and more == []
+    h.core.arena.slot_views(batch.slots)[0][:3] = b"abc"
+    assert h.core.promotions.completed(batch, Outcome.OK, [3]) == []
+    assert h.core.settled_answers([b"k"]) == [HIT]
+    assert h.core.copy_ready(b"k") == b"abc"
+    assert h.count("promotions", "memory", "ok") == 1
+    assert h.count("read_bytes", "memory") == 3
+
+
+def test_a_failed_promotion_becomes_a_miss_and_frees_its_slot() -> None:
+    h = Harness()
+    _, (batch,) = h.lookup([b"k"], [HIT])
+    assert h.core.table.pinned() == 1  # the read's pin (and the anonymous RETRY pin)
+    h.core.promotions.completed(batch, Outcome.ERROR)
+    assert h.core.settled_answers([b"k"]) == [MISS]
+    assert b"k" not in h.core.table.index
+    assert h.core.table.pinned() == 0 and len(h.core.table.free) == 4
+    assert h.count("promotions", "memory", "error") == 1
+    assert h.count("tier_errors", "memory", "read") == 1
+    # it backs off: the tier is not asked about the key again for backoff_seconds
+    scan = h.core.promotions.begin([b"k"], None)
+    assert h.core.promotions.ask(scan, 0) == []
+    h.clock.t += 1.0
+    assert h.core.promotions.ask(h.core.promotions.begin([b"k"], None), 0) == [b"k"]
+
+
+def test_a_timed_out_read_keeps_its_slot_until_it_stops() -> None:
+    h = Harness(num_blocks=1)
+    _, (batch,) = h.lookup([b"k"], [HIT])
+    held = h.core.promotions.completed(batch, Outcome.TIMEOUT, read_stopped=False)
+    assert held == batch.slots
+    assert h.core.settled_answers([b"k"]) == [MISS]
+    assert not h.core.put(b"x", b"x")  # the only slot is still the read's
+    h.core.promotions.release_read_pins(held)
+    assert h.core.put(b"x", b"x")
+    assert h.count("promotions", "memory", "timeout") == 1
+
+
+def test_a_put_supersedes_a_block_on_its_way_down() -> None:
+    h = Harness(num_blocks=1)
+    core = h.core
+    assert core.put(b"a", b"old")
+    assert core.put(b"b", b"b")  # evicts a: its bytes go down, served from memory meanwhile
+    assert core.coherence.demoting[b"a"] == b"old"
+    assert core.put(b"a", b"new")  # evicts b, replaces a everywhere
+    assert b"a" not in core.coherence.demoting
+    assert not core.coherence.may_read(0, b"a")  # a remove of the older copy is queued
+    writes = core.writes.next_batch(0)
+    assert [(op.kind, op.key, op.data) for op in writes] == [
+        (OpKind.WRITE, b"a", b"old"),
+        (OpKind.WRITE, b"b", b"b"),
+    ]
+    core.writes.writes_applied(0, writes, [None, None])
+    core.writes.finished(0, writes)
+    h.held[0].update((b"a", b"b"))
+    assert b"b" not in core.coherence.demoting  # landed: the tier has it now
+    assert not core.coherence.may_read(0, b"a")  # still: the remove comes after the write
+    (remove,) = core.writes.next_batch(0)
+    assert (remove.kind, remove.key) == (OpKind.REMOVE, b"a")
+    core.writes.removes_applied(0, [remove], [True])
+    core.writes.finished(0, [remove])
+    assert core.coherence.may_read(0, b"a") and core.copy_ready(b"a") == b"new"
+    assert core.writes.idle()
+
+
+def test_a_demotion_past_the_byte_bound_is_dropped_and_the_tier_never_read_for_it() -> None:
+    h = Harness(num_blocks=1, max_pending_write_bytes=4)
+    assert h.core.put(b"a", b"12345")
+    assert h.core.put(b"b", b"x")  # a's 5 bytes do not fit the 4-byte bound
+    assert b"a" not in h.core.coherence.demoting
+    assert h.count("tier_errors", "memory", "write") == 1
+    assert not h.core.coherence.may_read(0, b"a")  # the tier may hold an older copy of a
+
+
+def test_a_pending_store_answers_retry_until_its_deadline_then_miss() -> None:
+    h = Harness()
+    out = h.core.prepare_store([b"s"], "r1")
+    assert out is not None and out.keys_to_store == (b"s",)
+    results, _ = h.lookup([b"s"], [])
+    assert results == [RETRY]
+    woken: list[str] = []
+    h.core.inflight.add_waiter(b"s", lambda: woken.append("s"))
+    h.clock.t += 5.0
+    assert h.core.in_flight(b"s") is None  # the RETRY window ran out: settled now
+    assert woken == ["s"]
+    assert h.lookup([b"s"], [])[0] == [MISS]
+    h.core.complete_store([b"s"], "r1")  # completing late still makes it loadable
+    assert h.core.settled_answers([b"s"]) == [HIT]
+
+
+def test_a_finished_request_releases_every_pin_it_held() -> None:
+    h = Harness()
+    _, (batch,) = h.lookup([b"k1", b"k2"], [HIT, HIT], req_id="r1")
+    h.core.promotions.completed(batch, Outcome.OK, [1, 1])
+    assert h.core.table.pinned() == 2  # r1's RETRY pins keep the promoted blocks
+    h.core.prepare_load([b"k1"], "r1")
+    h.core.prepare_store([b"s"], "r1")
+    h.core.end_step(new=(), finished=("r1",))
+    assert h.core.table.pinned() == 0
+    assert b"s" not in h.core.table.index  # its store was aborted
+    assert "r1" not in h.core.requests
+
+
+def test_retry_pins_of_a_failed_promotion_go_at_once() -> None:
+    h = Harness()
+    _, (batch,) = h.lookup([b"k"], [HIT], req_id="r1")
+    h.lookup([b"k"], [HIT], req_id="r2")  # r2 joins the promotion in flight
+    h.core.promotions.completed(batch, Outcome.ERROR)
+    assert h.core.table.pinned() == 0  # neither r1 nor r2 keeps the failed slot
+
+
+def test_an_anonymous_deferral_is_observed_once_when_its_last_key_settles() -> None:
+    h = Harness()
+    _, (batch,) = h.lookup([b"k1", b"k2"], [HIT, HIT])
+    h.clock.t += 0.25
+    h.core.promotions.completed(batch, Outcome.OK, [1, 1])
+    assert h.core.stats.samples[("async_delay",)] == [pytest.approx(0.25)]
+
+
+def test_a_request_is_observed_at_the_step_that_admits_it() -> None:
+    h = Harness()
+    _, (batch,) = h.lookup([b"k"], [HIT], req_id="r1")
+    h.core.promotions.completed(batch, Outcome.OK, [1])
+    h.clock.t += 0.5
+    h.core.end_step(new=("r1",), finished=())
+    assert h.core.stats.samples[("sync_delay",)] == [pytest.approx(0.001)]
+    assert h.core.stats.samples[("async_delay",)] == [pytest.approx(0.5)]
+
+
+def test_every_counter_the_core_bumps_is_a_metric_with_its_labels() -> None:
+    h = Harness(num_blocks=1)
+    _, (batch,) = h.lookup([b"k"], [HIT])
+    h.core.promotions.completed(batch, Outcome.ERROR)
+    h.core.put(b"a", b"a")
+    h.core.put(b"b", b"b")
+    h.core.prepare_store([b"c", b"d"], None)
+    labels = {m.key: len(m.labels) for m in METRICS}
+    snap = h.core.take_step()
+    keys = list(snap.counts) + list(snap.samples)
+    assert keys
+    for key in keys:
+        assert key[0] in labels and len(key) - 1 == labels[key[0]], key
