@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from types import TracebackType
 from typing import Final, Literal
 
@@ -46,7 +47,9 @@ __all__ = ["EngineStats", "TieringEngine", "WritePolicy"]
 WritePolicy = Literal["write_back", "write_through", "none"]
 _WRITE_POLICIES: Final = ("write_back", "write_through", "none")
 
+_READY: Final = int(READY)
 _HIT: Final = LookupResult.HIT
+_MISS: Final = LookupResult.MISS
 _RETRY: Final = LookupResult.RETRY
 _MAX_BUFFERED_SAMPLES: Final = 100_000  # flush metrics early when nobody calls end_step
 
@@ -336,35 +339,30 @@ class TieringEngine:
             keys = list(keys)  # an iterator is read once, by both paths below
         if req is not None and req.__class__ is not RequestContext:
             check_req(req)
-        index = self._index
-        state = self._state
-        n = 0
-        try:
-            for key in keys:
-                slot = index.get(key)  # type: ignore[arg-type]
-                if slot is None or state[slot] != READY:
-                    break
-                n += 1
-            else:
-                if self._live:
+        n = len(keys)
+        if self._live:
+            # all hits, checked by two C-level gathers (a miss, a str key or an unhashable
+            # one raises, and the slow path below answers or names the bad key)
+            try:
+                if n > 1:
+                    slots = itemgetter(*keys)(self._index)
+                    if itemgetter(*slots)(self._state).count(_READY) == n:
+                        self._stats.primary_hit += n
+                        return n
+                elif not n or self._state[self._index[keys[0]]] == _READY:  # type: ignore[index]
                     self._stats.primary_hit += n
                     return n
-        except TypeError:
-            pass  # an unhashable key: normalize_keys below names it
+            except (KeyError, TypeError):
+                pass
         ks = normalize_keys(keys)
         self._check_open()
         rs = self._request(req)
         results = await self._reads.scan(ks, rs, -1, prefix=True)
         self._maybe_flush()
-        count = 0
-        for r in results:
-            if r is _HIT:
-                count += 1
-            elif r is _RETRY:
-                return None
-            else:
-                break
-        return count
+        first_miss = results.index(_MISS) if _MISS in results else len(results)
+        if _RETRY in results and results.index(_RETRY) < first_miss:
+            return None  # something before the first MISS is on its way
+        return first_miss  # every answer before it is a HIT
 
     async def wait(
         self, keys: Sequence[bytes | str], *, timeout: float | None = None

@@ -68,6 +68,7 @@ class LookupScan:
 
     __slots__ = (
         "asked",
+        "asked_keys",
         "consulted",
         "exclude",
         "found",
@@ -101,6 +102,7 @@ class LookupScan:
         self.need: list[int] = []  # positions the primary could not answer
         self.open: list[int] = []  # positions no tier has answered yet
         self.asked: list[int] = []  # positions the tier being asked was asked about
+        self.asked_keys: list[bytes] = []  # and their keys
         self.protected: list[int] = []  # slots this lookup must not evict
         self.retry_keys: list[bytes] = []
         self.found: dict[int, list[int]] = {}  # tier -> positions it will promote
@@ -179,7 +181,8 @@ class Promotions:
             scan.asked = [i for i in scan.open if coherence.may_read(ti, keys[i])]
         if scan.asked:
             scan.consulted = True
-        return [keys[i] for i in scan.asked]
+        scan.asked_keys = [keys[i] for i in scan.asked]
+        return scan.asked_keys
 
     def answered(self, scan: LookupScan, ti: int, answers: Sequence[LookupResult] | None) -> None:
         """Tier ``ti``'s answers for the keys :meth:`ask` named; None when the call failed
@@ -190,26 +193,25 @@ class Promotions:
         if answers is None:
             core.stats.count("tier_errors", name, "lookup")
             answers = [_MISS] * len(asked)
-        settled: set[int] = set()
-        hits: list[int] = []
-        retries = 0
-        results = scan.results
-        for i, a in zip(asked, answers, strict=True):
-            if a is _HIT:
-                hits.append(i)
-                settled.add(i)
-            elif a is _RETRY:
-                retries += 1
-                results[i] = _RETRY
-                settled.add(i)
+        hits, retries = answers.count(_HIT), answers.count(_RETRY)
+        misses = len(asked) - hits - retries
         counts = core.stats.counts
-        misses = len(asked) - len(settled)
-        for outcome, n in (("hit", len(hits)), ("retry", retries), ("miss", misses)):
+        for outcome, n in (("hit", hits), ("retry", retries), ("miss", misses)):
             if n:
                 counts[("lookups", name, outcome)] += n
-        if hits:
-            scan.found[ti] = hits
-        if settled:
+        if hits == len(asked):  # the tier has them all
+            scan.found[ti] = asked
+        elif hits:
+            scan.found[ti] = [i for i, a in zip(asked, answers, strict=True) if a is _HIT]
+        if retries:
+            results = scan.results
+            for i, a in zip(asked, answers, strict=True):
+                if a is _RETRY:
+                    results[i] = _RETRY
+        if hits + retries == len(asked) and asked is scan.open:
+            scan.open = []
+        elif hits or retries:
+            settled = {i for i, a in zip(asked, answers, strict=True) if a is not _MISS}
             scan.open = [i for i in scan.open if i not in settled]
 
     def finish(self, scan: LookupScan, elapsed: float = 0.0) -> list[PromotionBatch]:
@@ -222,16 +224,21 @@ class Promotions:
         core = self._core
         batches = self.place(scan)
         results, keys = scan.results, scan.keys
-        if scan.need:
+        if scan.need and _HIT in results:
             ready = core.table.ready_slot
             for i, r in enumerate(results):
                 if r is _HIT and ready(keys[i]) is None:
                     results[i] = _MISS
-            scan.retry_keys += [keys[i] for i in scan.need if results[i] is _RETRY]
         if scan.consulted:  # only a lookup that asked a secondary tier has a sync delay
             core.add_sync_delay(scan.rs, elapsed)
-        if scan.retry_keys:
-            core.defer(scan.rs, scan.retry_keys)
+        if scan.rs is not None:
+            if _RETRY in results:
+                core.defer(scan.rs, ())
+        else:
+            retry = scan.retry_keys
+            retry += [keys[i] for i in scan.need if results[i] is _RETRY]
+            if retry:
+                core.defer(None, retry)
         return batches
 
     def place(self, scan: LookupScan) -> list[PromotionBatch]:
@@ -291,7 +298,7 @@ class Promotions:
         index, coherence = core.table.index, core.coherence
         demoting = coherence.demoting
         ks = scan.keys
-        keys = [ks[i] for i in positions]
+        keys = scan.asked_keys if positions is scan.asked else [ks[i] for i in positions]
         if (
             coherence.all_readable(ti)
             and not any([k in index or k in demoting for k in keys])
@@ -357,14 +364,10 @@ class Promotions:
         block_size = core.arena.block_size
         index = table.index
         keys, slots = batch.keys, batch.slots
-        if outcome is Outcome.OK and all(
-            [
-                index.get(k) == s and n.__class__ is int and 0 <= n <= block_size
-                for k, s, n in zip(keys, slots, lengths, strict=True)
-            ]
-        ):  # the common case: every block landed
+        ok = outcome is Outcome.OK
+        if ok and _all_lengths(lengths, block_size) and table.owns_all(keys, slots):
             self._landed(batch, keys, slots, lengths, now)  # type: ignore[arg-type]
-            return []
+            return []  # the common case: every block landed
         ok_keys: list[bytes] = []
         ok_slots: list[int] = []
         ok_lengths: list[int] = []
@@ -440,3 +443,12 @@ class Promotions:
         for batch in list(self.in_flight):
             self.completed(batch, Outcome.CANCELLED)
 
+
+def _all_lengths(results: Sequence[int | Exception], block_size: int) -> bool:
+    """Every result is a length that fits a block (no error, no -1 for a lost block)."""
+    if not set(map(type, results)) <= _INTS:
+        return False
+    return not results or (min(results) >= 0 and max(results) <= block_size)  # type: ignore[type-var, operator]
+
+
+_INTS: Final = frozenset((int, bool))

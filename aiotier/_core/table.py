@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import enum
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from operator import itemgetter
+from typing import Any
 
 from .policy import EvictionPolicy
 
@@ -40,6 +42,13 @@ PENDING = SlotState.PENDING
 PROMOTING = SlotState.PROMOTING
 READY = SlotState.READY
 ORPHAN = SlotState.ORPHAN
+
+def _gather(container: Any, keys: Sequence[Any]) -> tuple[Any, ...]:
+    """``tuple(container[k] for k in keys)`` in one C-level call."""
+    if len(keys) > 1:
+        return itemgetter(*keys)(container)  # type: ignore[no-any-return]
+    return tuple(container[k] for k in keys)
+
 
 #: What ``allocate`` hands a victim's owner: its key, its slot and whether its bytes were clean.
 Evicted = tuple[bytes, int, bool]
@@ -77,6 +86,20 @@ class BlockTable:
         """The slot of ``key`` if it is loadable now."""
         slot = self.index.get(key)
         return slot if slot is not None and self.state[slot] == READY else None
+
+    def all_ready(self, keys: Sequence[bytes]) -> bool:
+        """Whether every key is loadable now (two C-level gathers: cheap for a whole batch)."""
+        try:
+            return _gather(self.state, _gather(self.index, keys)).count(READY) == len(keys)
+        except (KeyError, TypeError):  # absent, or not a key at all
+            return False
+
+    def owns_all(self, keys: Sequence[bytes], slots: Sequence[int]) -> bool:
+        """Whether each slot is still the current slot of its key."""
+        try:
+            return _gather(self.index, keys) == tuple(slots)
+        except (KeyError, TypeError):
+            return False
 
     def owns(self, key: bytes, slot: int) -> bool:
         """Whether ``slot`` is still the current slot of ``key`` (not replaced or deleted)."""

@@ -123,33 +123,44 @@ class TierReads:
         core = self._core
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        index, state = core.table.index, core.table.state
+        table = core.table
+        if table.all_ready(ks):
+            return [LookupResult.HIT] * len(ks)
+        index, state = table.index, table.state
         for k in ks:
             slot = index.get(k)
             if slot is None or state[slot] == READY:
                 continue  # settled: no need to ask further
-            while True:
-                got = core.in_flight(k)
-                if got is None:
-                    break
-                limit = got[1]
-                if deadline is not None:
-                    left = deadline - loop.time()
-                    if left <= 0:
-                        raise TimeoutError(f"block {k[:64]!r} still in flight after {timeout}s")
-                    limit = min(limit, left)
-                fut: asyncio.Future[None] = loop.create_future()
-                waiter = partial(_wake, fut)
-                core.inflight.add_waiter(k, waiter)
-                try:
-                    await asyncio.wait_for(fut, limit)
-                except TimeoutError:
-                    pass  # still in flight, or a store's RETRY window ran out: asked again
-                finally:
-                    core.inflight.remove_waiter(k, waiter)
-                if core.closed:
-                    break
+            if await self._wait_one(k, deadline, timeout) and table.all_ready(ks):
+                return [LookupResult.HIT] * len(ks)  # the others landed meanwhile too
         return core.settled_answers(ks)
+
+    async def _wait_one(self, k: bytes, deadline: float | None, timeout: float | None) -> bool:
+        """Await until ``k`` is not in flight; whether that took any waiting."""
+        core = self._core
+        loop = asyncio.get_running_loop()
+        waited = False
+        while not core.closed:
+            got = core.in_flight(k)
+            if got is None:
+                break
+            limit = got[1]
+            if deadline is not None:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise TimeoutError(f"block {k[:64]!r} still in flight after {timeout}s")
+                limit = min(limit, left)
+            fut: asyncio.Future[None] = loop.create_future()
+            waiter = partial(_wake, fut)
+            core.inflight.add_waiter(k, waiter)
+            waited = True
+            try:
+                await asyncio.wait_for(fut, limit)
+            except TimeoutError:
+                pass  # still in flight, or a store's RETRY window ran out: asked again
+            finally:
+                core.inflight.remove_waiter(k, waiter)
+        return waited
 
 
 def _wake(fut: asyncio.Future[None]) -> None:
