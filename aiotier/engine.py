@@ -260,11 +260,7 @@ class TieringEngine:
         if self._ticker is not None:
             self._ticker.cancel()
             await asyncio.gather(self._ticker, return_exceptions=True)
-        tasks = list(self._reads.tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=self.io_timeout)
+        await self._reads.cancel(self.io_timeout)
         core.release_all()
         if self._opened:
             assert self._writers is not None

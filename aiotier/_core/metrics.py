@@ -65,7 +65,8 @@ METRICS: tuple[MetricDef, ...] = (
               ("tier", "outcome"), "Blocks promoted into the primary, by source tier and outcome."),
     MetricDef("promotion_duration", "aiotier.promotion_duration",
               "aiotier_promotion_duration_seconds", _H, "s", ("tier",),
-              "Duration of one promotion read (a batch of blocks from one tier).",
+              "Duration of one promotion read (the blocks lookups found in one tier since its "
+              "last read started).",
               PROMOTION_DURATION_BUCKETS),
     MetricDef("read_bytes", "aiotier.read", "aiotier_read_bytes_total", _C, "By",
               ("tier",), "Bytes read from a secondary tier by promotions."),

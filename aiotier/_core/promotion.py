@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Final
 
 from .._types import LookupResult
 from .requests import RequestState
-from .table import PENDING, PROMOTING
+from .table import PROMOTING, READY
 
 if TYPE_CHECKING:
     from .engine_core import EngineCore
@@ -139,27 +139,50 @@ class Promotions:
         results, protected, need = scan.results, scan.protected, scan.need
         index, state = core.table.index, core.table.state
         demoting = core.coherence.demoting
-        now = core.clock()
+        joined: list[bytes] = []  # keys whose promotion is in flight: RETRY, and held
+        joined_slots: list[int] = []
+        others: list[int] = []  # pending stores and bytes on their way down
         for i, k in enumerate(keys):
-            if k not in index and k not in demoting:
-                need.append(i)  # the primary has nothing to say: the tiers are asked
-                continue
-            answer = core.primary_answer(k, rs, now, protected, hold=hold)
-            if answer is None:
-                need.append(i)
-                continue
-            results[i] = answer
             slot = index.get(k)
-            if slot is not None and state[slot] != PENDING:
+            if slot is None:
+                if k in demoting:
+                    others.append(i)
+                else:
+                    need.append(i)  # the primary has nothing to say: the tiers are asked
+                continue
+            st = state[slot]
+            if st == READY:
+                results[i] = _HIT
                 protected.append(slot)
-            if answer is _HIT:
-                stats.primary_hit += 1
-            elif answer is _RETRY:
-                stats.primary_retry += 1
-                scan.retry_keys.append(k)
+            elif st == PROMOTING:
+                results[i] = _RETRY
+                protected.append(slot)
+                joined.append(k)
+                joined_slots.append(slot)
             else:
-                stats.primary_miss += 1
-        stats.primary_miss += len(need)
+                others.append(i)
+        if joined and hold:
+            core.hold(rs, joined, joined_slots)
+        scan.retry_keys = joined
+        if others:
+            now = core.clock()
+            for i in others:
+                k = keys[i]
+                answer = core.primary_answer(k, rs, now, protected, hold=hold)
+                if answer is None:
+                    need.append(i)
+                    continue
+                results[i] = answer
+                if answer is _HIT:  # re-admitted from its way down: not to be evicted again
+                    protected.append(index[k])
+                elif answer is _RETRY:
+                    scan.retry_keys.append(k)
+            need.sort()
+        hits = results.count(_HIT)
+        retries = results.count(_RETRY)
+        stats.primary_hit += hits
+        stats.primary_retry += retries
+        stats.primary_miss += len(keys) - hits - retries
         scan.open = need
         return scan
 
@@ -337,30 +360,55 @@ class Promotions:
 
     def completed(
         self,
-        batch: PromotionBatch,
+        batches: Sequence[PromotionBatch],
         outcome: Outcome,
         lengths: Sequence[int | Exception] = (),
         *,
         read_stopped: bool = True,
     ) -> list[int]:
-        """Settle every key of ``batch``: loadable where its read gave a length, MISS (and a
-        back-off from that tier) where it failed.
+        """One read of ``batches`` (all from one tier) ended: settle every key of them, loadable
+        where the read gave a length, MISS (and a back-off from that tier) where it failed.
 
-        ``lengths`` are the read's per-key results when ``outcome`` is OK. Returns the slots of
-        failed keys still pinned by the read when it has not stopped (``read_stopped=False``):
-        release them with :meth:`release_read_pins` once it has.
+        ``lengths`` are the read's per-key results, in batch order, when ``outcome`` is OK.
+        The read is one observation of ``promotion_duration``, from the first batch's start.
+        Returns the slots of failed keys still pinned by the read when it has not stopped
+        (``read_stopped=False``): release them with :meth:`release_read_pins` once it has.
         """
-        if batch not in self.in_flight:
+        live = [b for b in batches if b in self.in_flight]
+        if not live:
             return []
-        self.in_flight.discard(batch)
+        core = self._core
+        now = core.clock()
+        name = core.tier_names[live[0].tier]
+        core.stats.observe("promotion_duration", now - min(b.started for b in live), name)
+        if outcome is Outcome.OK and len(lengths) != sum(len(b.keys) for b in batches):
+            outcome = Outcome.ERROR
+        held: list[int] = []
+        offset = 0
+        for batch in batches:
+            n = len(batch.keys)
+            part = lengths[offset : offset + n] if outcome is Outcome.OK else ()
+            offset += n
+            if batch in self.in_flight:
+                self.in_flight.discard(batch)
+                held += self._settle(batch, outcome, part, now)
+        if read_stopped:
+            self.release_read_pins(held)
+            return []
+        return held
+
+    def _settle(
+        self,
+        batch: PromotionBatch,
+        outcome: Outcome,
+        lengths: Sequence[int | Exception],
+        now: float,
+    ) -> list[int]:
+        """Settle one batch; return the slots of its failed keys (still pinned by the read)."""
         core = self._core
         table = core.table
         stats = core.stats
         name = core.tier_names[batch.tier]
-        now = core.clock()
-        stats.observe("promotion_duration", now - batch.started, name)
-        if outcome is Outcome.OK and len(lengths) != len(batch.keys):
-            outcome = Outcome.ERROR
         block_size = core.arena.block_size
         index = table.index
         keys, slots = batch.keys, batch.slots
@@ -373,7 +421,7 @@ class Promotions:
         ok_lengths: list[int] = []
         failed: list[int] = []
         for n, (k, slot) in enumerate(zip(keys, slots, strict=True)):
-            result = lengths[n] if outcome is Outcome.OK else None
+            result = lengths[n] if ok else None
             owned = index.get(k) == slot
             if owned and result.__class__ is int and 0 <= result <= block_size:
                 ok_keys.append(k)
@@ -393,15 +441,12 @@ class Promotions:
                 or (isinstance(result, int) and result > block_size)
             ):
                 stats.counts[("tier_errors", name, "read")] += 1
-            label = Outcome.ERROR.value if outcome is Outcome.OK else outcome.value
+            label = Outcome.ERROR.value if ok else outcome.value
             stats.counts[("promotions", name, label)] += 1
             self._failed(batch, k, slot, now)
         if ok_slots:
             self._landed(batch, ok_keys, ok_slots, ok_lengths, now)
         core.inflight.promoting -= len(keys) - len(ok_slots)
-        if read_stopped:
-            self.release_read_pins(failed)
-            return []
         return failed
 
     def _landed(
@@ -441,7 +486,7 @@ class Promotions:
     def cancel_all(self) -> None:
         """The engine closed: every batch not settled yet was cancelled (its read stopped)."""
         for batch in list(self.in_flight):
-            self.completed(batch, Outcome.CANCELLED)
+            self.completed([batch], Outcome.CANCELLED)
 
 
 def _all_lengths(results: Sequence[int | Exception], block_size: int) -> bool:

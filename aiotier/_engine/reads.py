@@ -37,6 +37,8 @@ class TierReads:
         self._timeout = promotion_timeout
         #: promotion tasks not finished yet
         self.tasks: set[asyncio.Task[None]] = set()
+        # per tier, batches whose read has not started: they join the next one
+        self._queued: dict[int, list[PromotionBatch]] = {}
 
     async def scan(
         self, ks: list[bytes], rs: RequestState | None, exclude: int, *, prefix: bool
@@ -58,6 +60,15 @@ class TierReads:
         self.start(promotions.finish(scan, elapsed))
         return scan.results
 
+    async def cancel(self, timeout: float) -> None:
+        """Cancel every promotion task and give them ``timeout`` to finish."""
+        tasks = list(self.tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+        self._queued.clear()  # reads that never started: the core counts them cancelled
+
     async def consult(self, scan: LookupScan) -> None:
         """Ask each tier, in order, about the keys nobody above it had."""
         promotions = self._core.promotions
@@ -78,24 +89,31 @@ class TierReads:
             promotions.answered(scan, ti, answers)
 
     def start(self, batches: list[PromotionBatch]) -> None:
-        if not batches:
-            return
-        loop = asyncio.get_running_loop()
+        """Read ``batches``: each joins the read of its tier that has not started yet, if any
+        (lookups of one scheduler step make one read per tier), else starts one."""
         for batch in batches:
+            queued = self._queued.get(batch.tier)
+            if queued is not None:
+                queued.append(batch)
+                continue
+            self._queued[batch.tier] = [batch]
             name = f"aiotier-promote-{self._tiers[batch.tier].name}"
-            task = loop.create_task(self._promote(batch), name=name)
+            task = asyncio.get_running_loop().create_task(self._promote(batch.tier), name=name)
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
-    async def _promote(self, batch: PromotionBatch) -> None:
-        """Read ``batch`` from its tier straight into its reserved slots.
+    async def _promote(self, ti: int) -> None:
+        """Read the batches queued for tier ``ti`` straight into their reserved slots.
 
         The read runs as its own future: past ``promotion_timeout`` the promotion gives up at
         once, and the slots of keys it failed stay pinned until the read has really stopped.
         """
-        tier = self._tiers[batch.tier]
-        views = self._core.arena.slot_views(batch.slots)
-        read = asyncio.ensure_future(tier.read_many_into(batch.keys, views))
+        batches = self._queued.pop(ti)
+        tier = self._tiers[ti]
+        keys = [k for b in batches for k in b.keys] if len(batches) > 1 else batches[0].keys
+        slots = [s for b in batches for s in b.slots] if len(batches) > 1 else batches[0].slots
+        views = self._core.arena.slot_views(slots)
+        read = asyncio.ensure_future(tier.read_many_into(keys, views))
         read.add_done_callback(_consume)
         outcome = Outcome.OK
         lengths: list[int | Exception] = []
@@ -114,7 +132,7 @@ class TierReads:
             if not read.done():
                 read.cancel()
             promotions = self._core.promotions
-            held = promotions.completed(batch, outcome, lengths, read_stopped=read.done())
+            held = promotions.completed(batches, outcome, lengths, read_stopped=read.done())
             if held:
                 read.add_done_callback(lambda _: promotions.release_read_pins(held))
 

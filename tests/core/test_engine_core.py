@@ -77,7 +77,7 @@ def test_a_promotion_reserves_its_slot_at_once_and_lands_as_a_hit() -> None:
     again, more = h.lookup([b"k"], [HIT])  # a second lookup sees it in flight
     assert again == [RETRY] and more == []
     h.core.arena.slot_views(batch.slots)[0][:3] = b"abc"
-    assert h.core.promotions.completed(batch, Outcome.OK, [3]) == []
+    assert h.core.promotions.completed([batch], Outcome.OK, [3]) == []
     assert h.core.settled_answers([b"k"]) == [HIT]
     assert h.core.copy_ready(b"k") == b"abc"
     assert h.count("promotions", "memory", "ok") == 1
@@ -88,7 +88,7 @@ def test_a_failed_promotion_becomes_a_miss_and_frees_its_slot() -> None:
     h = Harness()
     _, (batch,) = h.lookup([b"k"], [HIT])
     assert h.core.table.pinned() == 1  # the read's pin (and the anonymous RETRY pin)
-    h.core.promotions.completed(batch, Outcome.ERROR)
+    h.core.promotions.completed([batch], Outcome.ERROR)
     assert h.core.settled_answers([b"k"]) == [MISS]
     assert b"k" not in h.core.table.index
     assert h.core.table.pinned() == 0 and len(h.core.table.free) == 4
@@ -104,7 +104,7 @@ def test_a_failed_promotion_becomes_a_miss_and_frees_its_slot() -> None:
 def test_a_timed_out_read_keeps_its_slot_until_it_stops() -> None:
     h = Harness(num_blocks=1)
     _, (batch,) = h.lookup([b"k"], [HIT])
-    held = h.core.promotions.completed(batch, Outcome.TIMEOUT, read_stopped=False)
+    held = h.core.promotions.completed([batch], Outcome.TIMEOUT, read_stopped=False)
     assert held == batch.slots
     assert h.core.settled_answers([b"k"]) == [MISS]
     assert not h.core.put(b"x", b"x")  # the only slot is still the read's
@@ -168,7 +168,7 @@ def test_a_pending_store_answers_retry_until_its_deadline_then_miss() -> None:
 def test_a_finished_request_releases_every_pin_it_held() -> None:
     h = Harness()
     _, (batch,) = h.lookup([b"k1", b"k2"], [HIT, HIT], req_id="r1")
-    h.core.promotions.completed(batch, Outcome.OK, [1, 1])
+    h.core.promotions.completed([batch], Outcome.OK, [1, 1])
     assert h.core.table.pinned() == 2  # r1's RETRY pins keep the promoted blocks
     h.core.prepare_load([b"k1"], "r1")
     h.core.prepare_store([b"s"], "r1")
@@ -182,7 +182,7 @@ def test_retry_pins_of_a_failed_promotion_go_at_once() -> None:
     h = Harness()
     _, (batch,) = h.lookup([b"k"], [HIT], req_id="r1")
     h.lookup([b"k"], [HIT], req_id="r2")  # r2 joins the promotion in flight
-    h.core.promotions.completed(batch, Outcome.ERROR)
+    h.core.promotions.completed([batch], Outcome.ERROR)
     assert h.core.table.pinned() == 0  # neither r1 nor r2 keeps the failed slot
 
 
@@ -190,14 +190,14 @@ def test_an_anonymous_deferral_is_observed_once_when_its_last_key_settles() -> N
     h = Harness()
     _, (batch,) = h.lookup([b"k1", b"k2"], [HIT, HIT])
     h.clock.t += 0.25
-    h.core.promotions.completed(batch, Outcome.OK, [1, 1])
+    h.core.promotions.completed([batch], Outcome.OK, [1, 1])
     assert h.core.stats.samples[("async_delay",)] == [pytest.approx(0.25)]
 
 
 def test_a_request_is_observed_at_the_step_that_admits_it() -> None:
     h = Harness()
     _, (batch,) = h.lookup([b"k"], [HIT], req_id="r1")
-    h.core.promotions.completed(batch, Outcome.OK, [1])
+    h.core.promotions.completed([batch], Outcome.OK, [1])
     h.clock.t += 0.5
     h.core.end_step(new=("r1",), finished=())
     assert h.core.stats.samples[("sync_delay",)] == [pytest.approx(0.001)]
@@ -207,7 +207,7 @@ def test_a_request_is_observed_at_the_step_that_admits_it() -> None:
 def test_every_counter_the_core_bumps_is_a_metric_with_its_labels() -> None:
     h = Harness(num_blocks=1)
     _, (batch,) = h.lookup([b"k"], [HIT])
-    h.core.promotions.completed(batch, Outcome.ERROR)
+    h.core.promotions.completed([batch], Outcome.ERROR)
     h.core.put(b"a", b"a")
     h.core.put(b"b", b"b")
     h.core.prepare_store([b"c", b"d"], None)
