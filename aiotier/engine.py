@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
 from types import TracebackType
 from typing import Final, Literal
 
@@ -47,7 +46,6 @@ __all__ = ["EngineStats", "TieringEngine", "WritePolicy"]
 WritePolicy = Literal["write_back", "write_through", "none"]
 _WRITE_POLICIES: Final = ("write_back", "write_through", "none")
 
-_READY: Final = int(READY)
 _HIT: Final = LookupResult.HIT
 _MISS: Final = LookupResult.MISS
 _RETRY: Final = LookupResult.RETRY
@@ -176,6 +174,7 @@ class TieringEngine:
         # the primary-hit paths read these directly (the table never replaces them)
         self._index = primary.table.index
         self._state = primary.table.state
+        self._all_ready = primary.table.all_ready
         self._stats = core.stats
         self._live = False  # open and not closed: the only state the fast paths check
 
@@ -335,21 +334,11 @@ class TieringEngine:
             keys = list(keys)  # an iterator is read once, by both paths below
         if req is not None and req.__class__ is not RequestContext:
             check_req(req)
-        n = len(keys)
-        if self._live:
-            # all hits, checked by two C-level gathers (a miss, a str key or an unhashable
-            # one raises, and the slow path below answers or names the bad key)
-            try:
-                if n > 1:
-                    slots = itemgetter(*keys)(self._index)
-                    if itemgetter(*slots)(self._state).count(_READY) == n:
-                        self._stats.primary_hit += n
-                        return n
-                elif not n or self._state[self._index[keys[0]]] == _READY:  # type: ignore[index]
-                    self._stats.primary_hit += n
-                    return n
-            except (KeyError, TypeError):
-                pass
+        if self._live and self._all_ready(keys):  # type: ignore[arg-type]
+            # all hits (a miss, a str key or a bad one goes the slow way: it answers or names it)
+            n = len(keys)
+            self._stats.primary_hit += n
+            return n
         ks = normalize_keys(keys)
         self._check_open()
         rs = self._request(req)

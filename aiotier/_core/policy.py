@@ -9,13 +9,24 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from itertools import pairwise
 
 from ..errors import ConfigError
+from .gather import gather
 
-__all__ = ["ARCPolicy", "EvictionPolicy", "LRUPolicy", "make_policy"]
+__all__ = ["ARCPolicy", "Evictable", "EvictionPolicy", "LRUPolicy", "make_policy"]
 
+#: Whether a slot may be evicted now. It may also have ``all(slots) -> bool``, a faster answer
+#: for a run of slots (the block table's has: two C-level gathers), which policies may use.
 Evictable = Callable[[int], bool]
+
+
+def _all_evictable(evictable: Evictable, slots: Sequence[int]) -> bool:
+    check: Callable[[Sequence[int]], bool] | None = getattr(evictable, "all", None)
+    if check is not None:
+        return check(slots)
+    return all(evictable(s) for s in slots)
 
 
 class EvictionPolicy(ABC):
@@ -88,14 +99,22 @@ class LRUPolicy(EvictionPolicy):
 
     def insert_many(self, slots: list[int], keys: list[bytes]) -> None:
         nxt, prv, s, nil = self._next, self._prev, self._sentinel, self._nil
-        for slot in slots:
-            if nxt[slot] != nil:
-                self._unlink(slot)
-            last = prv[s]
-            nxt[last] = slot
-            prv[slot] = last
-            nxt[slot] = s
-            prv[s] = slot
+        if not slots:
+            return
+        if len(slots) == 1 or gather(nxt, slots).count(nil) != len(slots) or len(
+            set(slots)
+        ) != len(slots):
+            super().insert_many(slots, keys)  # some are linked already: one at a time
+            return
+        # none is linked: chain them, then splice the chain in before the sentinel
+        for a, b in pairwise(slots):
+            nxt[a] = b
+            prv[b] = a
+        first, last, tail = slots[0], slots[-1], prv[s]
+        nxt[tail] = first
+        prv[first] = tail
+        nxt[last] = s
+        prv[s] = last
 
     def touch(self, slot: int) -> None:
         if self._next[slot] != self._nil and self._prev[self._sentinel] != slot:
@@ -107,9 +126,23 @@ class LRUPolicy(EvictionPolicy):
             self._unlink(slot)
 
     def evict(self, n: int, evictable: Evictable) -> list[int] | None:
-        victims: list[int] = []
         s = self._sentinel
-        nxt = self._next
+        nxt, prv, nil = self._next, self._prev, self._nil
+        # the common case: the n least recent are all evictable, a run cut out whole
+        run: list[int] = []
+        cur = nxt[s]
+        while cur != s and len(run) < n:
+            run.append(cur)
+            cur = nxt[cur]
+        if len(run) < n:
+            return None
+        if n and _all_evictable(evictable, run):
+            nxt[s] = cur
+            prv[cur] = s
+            for v in run:
+                nxt[v] = nil
+            return run
+        victims: list[int] = []
         cur = nxt[s]
         while cur != s and len(victims) < n:
             if evictable(cur):
@@ -117,7 +150,6 @@ class LRUPolicy(EvictionPolicy):
             cur = nxt[cur]
         if len(victims) < n:
             return None
-        prv, nil = self._prev, self._nil
         for v in victims:
             p, q = prv[v], nxt[v]
             nxt[p] = q
@@ -228,3 +260,4 @@ def make_policy(name: str, num_blocks: int) -> EvictionPolicy:
     if name == "arc":
         return ARCPolicy(num_blocks)
     raise ConfigError(f"unknown eviction policy {name!r}; expected 'lru' or 'arc'")
+

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import enum
 from array import array
-from collections.abc import Callable, Iterable, Sequence
-from operator import itemgetter
-from typing import Any
+from collections.abc import Iterable, Sequence
 
+from .gather import gather
 from .policy import EvictionPolicy
 
 __all__ = ["FREE", "ORPHAN", "PENDING", "PROMOTING", "READY", "BlockTable", "SlotState"]
@@ -42,13 +41,6 @@ PENDING = SlotState.PENDING
 PROMOTING = SlotState.PROMOTING
 READY = SlotState.READY
 ORPHAN = SlotState.ORPHAN
-
-def _gather(container: Any, keys: Sequence[Any]) -> tuple[Any, ...]:
-    """``tuple(container[k] for k in keys)`` in one C-level call."""
-    if len(keys) > 1:
-        return itemgetter(*keys)(container)  # type: ignore[no-any-return]
-    return tuple(container[k] for k in keys)
-
 
 #: What ``allocate`` hands a victim's owner: its key, its slot and whether its bytes were clean.
 Evicted = tuple[bytes, int, bool]
@@ -90,14 +82,14 @@ class BlockTable:
     def all_ready(self, keys: Sequence[bytes]) -> bool:
         """Whether every key is loadable now (two C-level gathers: cheap for a whole batch)."""
         try:
-            return _gather(self.state, _gather(self.index, keys)).count(READY) == len(keys)
+            return gather(self.state, gather(self.index, keys)).count(READY) == len(keys)
         except (KeyError, TypeError):  # absent, or not a key at all
             return False
 
     def owns_all(self, keys: Sequence[bytes], slots: Sequence[int]) -> bool:
         """Whether each slot is still the current slot of its key."""
         try:
-            return _gather(self.index, keys) == tuple(slots)
+            return gather(self.index, keys) == tuple(slots)
         except (KeyError, TypeError):
             return False
 
@@ -150,12 +142,8 @@ class BlockTable:
         self.policy.insert_many(slots, keys)
         return slots, evicted
 
-    def _evictable_except(self, protected: Iterable[int]) -> Callable[[int], bool]:
-        states, pins = self.state, self.pins
-        guard = frozenset(protected)
-        if guard:
-            return lambda s: states[s] == READY and pins[s] == 0 and s not in guard
-        return lambda s: states[s] == READY and pins[s] == 0
+    def _evictable_except(self, protected: Iterable[int]) -> _Evictable:
+        return _Evictable(self.state, self.pins, frozenset(protected))
 
     def allocate_prefix(
         self, keys: list[bytes], state: SlotState, protected: Iterable[int] = ()
@@ -243,3 +231,25 @@ class BlockTable:
         self.pins[slot] = n
         if n == 0 and self.state[slot] == ORPHAN:
             self.release(slot)
+
+
+class _Evictable:
+    """READY, unpinned and not protected: one slot by call, a run of them by ``all``."""
+
+    __slots__ = ("_guard", "_pins", "_states")
+
+    def __init__(self, states: bytearray, pins: array[int], guard: frozenset[int]) -> None:
+        self._states = states
+        self._pins = pins
+        self._guard = guard
+
+    def __call__(self, s: int) -> bool:
+        return self._states[s] == READY and self._pins[s] == 0 and s not in self._guard
+
+    def all(self, slots: Sequence[int]) -> bool:
+        n = len(slots)
+        return (
+            gather(self._states, slots).count(READY) == n
+            and gather(self._pins, slots).count(0) == n
+            and self._guard.isdisjoint(slots)
+        )
