@@ -25,7 +25,7 @@ from enum import IntEnum
 from typing import Final, TypeAlias
 
 from ..errors import BlockCorruptedError
-from .framing import FORMAT_VERSION, HEADER, MAGIC, checksum
+from .framing import HEADER, check_header, check_payload
 
 __all__ = [
     "MgetParser",
@@ -70,8 +70,9 @@ class ParserState(IntEnum):
 
 
 _IDLE, _SIMPLE, _ARRAY, _ELEMENT, _FRAME_HEAD, _PAYLOAD, _SKIP, _CRLF, _BROKEN = ParserState
-#: States whose bytes go to scratch in small windows after a large payload (see buffer_for).
-_WINDOWED: Final = frozenset((_ARRAY, _ELEMENT, _FRAME_HEAD, _CRLF))
+#: By state: whether its bytes go to scratch in small windows after a large payload (see
+#: buffer_for). Tables here are lists indexed by state: hashing an enum member calls Python.
+_WINDOWED: Final = [s in (_ARRAY, _ELEMENT, _FRAME_HEAD, _CRLF) for s in ParserState]
 
 #: Per key of an ``MGET``: the payload length, -1 when absent, or that key's failure.
 MgetReply: TypeAlias = list[int | Exception]
@@ -137,17 +138,18 @@ class MgetParser:
         self._dpos = 0
         self._into_dest = False  # the last buffer_for handed out the destination
         self._big = True  # the last element was large: read headers in small windows
-        self._steps: dict[ParserState, Callable[[], bool]] = {
-            _IDLE: self._idle,
-            _SIMPLE: self._simple_line,
-            _ARRAY: self._array,
-            _ELEMENT: self._element,
-            _FRAME_HEAD: self._frame_head,
-            _PAYLOAD: self._wait,
-            _SKIP: self._skip,
-            _CRLF: self._crlf,
-            _BROKEN: self._wait,
-        }
+        # One step per state, in ParserState order (indexed by state).
+        self._steps: list[Callable[[], bool]] = [
+            self._idle,  # IDLE
+            self._simple_line,  # SIMPLE
+            self._array,  # ARRAY
+            self._element,  # ELEMENT
+            self._frame_head,  # FRAME_HEAD
+            self._wait,  # PAYLOAD
+            self._skip,  # SKIP
+            self._crlf,  # CRLF
+            self._wait,  # BROKEN
+        ]
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -199,7 +201,7 @@ class MgetParser:
             n = self._end - self._start
             self._scratch[:n] = self._scratch[self._start : self._end]
             self._start, self._end = 0, n
-        if self._big and self.state in _WINDOWED:
+        if self._big and _WINDOWED[self.state]:
             # Between large payloads, read only up to the next payload's first byte, so that
             # the payload itself goes to its destination rather than through scratch.
             have = self._end - self._start
@@ -290,35 +292,24 @@ class MgetParser:
             return True
         self._key = key = self._keys[self._i]
         self._frame_len = self._elem_left = length
-        if length < HEADER.size:
-            self._corrupt(f"value of {length} bytes is shorter than a frame header")
-        else:
-            self.state, self._left = _FRAME_HEAD, min(length, HEADER.size + len(key))
+        # The header and the key it must hold, or the whole value if it is shorter than that
+        # (check_header then says what is wrong with it).
+        self.state, self._left = _FRAME_HEAD, min(length, HEADER.size + len(key))
         return True
 
     def _frame_head(self) -> bool:
-        mv = self._take(self._left)
-        if mv is None:
+        head = self._take(self._left)
+        if head is None:
             return False
-        self._elem_left -= len(mv)
+        self._elem_left -= len(head)
         key = self._key
-        magic, version, _flags, key_len, payload_len, digest = HEADER.unpack_from(mv)
-        after = self._frame_len - HEADER.size
-        if magic != MAGIC:
-            self._corrupt(f"bad magic {bytes(magic)!r}, not an aiotier block")
-        elif version != FORMAT_VERSION:
-            self._corrupt(f"unsupported block format version {version}")
-        elif key_len + payload_len != after:
-            self._corrupt(
-                f"key {key[:64]!r}: value holds {after} bytes after its header, header says "
-                f"{key_len} + {payload_len}"
-            )
-        elif key_len != len(key):
-            self._corrupt(f"frame holds a key of {key_len} bytes, not {key[:64]!r}")
-        elif mv[HEADER.size :] != key:
-            stored = bytes(mv[HEADER.size : HEADER.size + 64])
-            self._corrupt(f"frame holds key {stored!r}, not {key[:64]!r}")
-        elif payload_len > len(dest := self._bufs[self._i]):
+        try:
+            _key_len, payload_len, digest = check_header(head, key, self._frame_len)
+        except BlockCorruptedError as exc:
+            self._skip_element(exc)
+            return True
+        dest = self._bufs[self._i]
+        if payload_len > len(dest):
             self._skip_element(
                 ValueError(f"block {key[:64]!r} is {payload_len} bytes, buffer holds {len(dest)}")
             )
@@ -345,10 +336,10 @@ class MgetParser:
         dest, self._dest = self._dest, None
         assert dest is not None
         n = self._payload_len
-        if checksum(dest[:n]) != self._digest:
-            self._out.append(
-                BlockCorruptedError(f"key {self._key[:64]!r}: payload checksum mismatch")
-            )
+        try:
+            check_payload(dest[:n], self._key, self._digest)
+        except BlockCorruptedError as exc:
+            self._out.append(exc)
         else:
             self._out.append(n)
         self.state, self._left = _CRLF, 2
@@ -386,9 +377,6 @@ class MgetParser:
         self._keys = self._bufs = ()
         self._reply = reply
 
-    def _corrupt(self, why: str) -> None:
-        self._skip_element(BlockCorruptedError(why))
-
     def _skip_element(self, exc: Exception) -> None:
         self._out.append(exc)
         self.state = _SKIP
@@ -403,9 +391,14 @@ class MgetParser:
         self._start = i + 2
         return line
 
-    def _take(self, n: int) -> memoryview | None:
+    def _take(self, n: int) -> bytes | None:
+        """The next ``n`` bytes of scratch, or None until they are there.
+
+        A copy, and a deliberate one: the frame checks compare ``bytes`` with ``bytes``, which
+        costs less than comparing memoryview slices (measured: ~0.6 vs ~1 µs per element).
+        """
         if self._end - self._start < n:
             return None
-        mv = self._sview[self._start : self._start + n]
+        head = bytes(self._sview[self._start : self._start + n])
         self._start += n
-        return mv
+        return head

@@ -40,7 +40,7 @@ from ..errors import (
 )
 from ._resp import RespReaderPool, RespServerError
 from .base import SecondaryTier, TierUsage
-from .framing import encode_header, parse_header, verify_payload
+from .framing import HEADER, check_header, check_payload, encode_header
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -317,10 +317,12 @@ class RedisTier(SecondaryTier):
         """Verify one stored frame and copy its payload into ``buf`` (the only copy made)."""
         where = f"redis tier {self.name!r}"
         mv = memoryview(value)
-        header = parse_header(mv, where=where)
-        payload = mv[header.payload_offset :]
-        verify_payload(header, key, payload, where=where)
-        n = header.payload_len
+        try:
+            key_len, n, digest = check_header(mv, key, len(mv))
+            payload = mv[HEADER.size + key_len :]
+            check_payload(payload, key, digest)
+        except BlockCorruptedError as exc:
+            raise BlockCorruptedError(f"{where}: {exc}") from None
         if n > len(buf):
             raise ValueError(f"{where}: block {key[:64]!r} is {n} bytes, buffer holds {len(buf)}")
         buf[:n] = payload

@@ -45,14 +45,13 @@ from .._types import MAX_KEY_BYTES, LookupResult, normalize_key
 from ..errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
 from .base import SecondaryTier, TierUsage
 from .framing import (
-    FORMAT_VERSION,
     HEADER,
-    MAGIC,
+    check_header,
+    check_payload,
     checksum,
     encode_header,
     frame_size,
     parse_header,
-    verify_payload,
 )
 
 __all__ = ["SSDScan", "SSDTier", "scan_directory"]
@@ -182,33 +181,22 @@ def _preadv_nowait(fd: int, views: list[memoryview]) -> int:
 def _verify_block(
     fd: int, path: str, key: bytes, hdr: bytearray, buf: memoryview, got: int, tier_name: str
 ) -> int:
-    """Check a block read as ``hdr`` + ``buf`` (``got`` bytes); drop the file if it is damaged."""
-    payload_len = buf.nbytes
-    if got == len(hdr) + payload_len:  # the common case, checked without allocations
-        magic, version, _flags, key_len, plen, digest = HEADER.unpack_from(hdr)
-        if (
-            magic == MAGIC
-            and version == FORMAT_VERSION
-            and plen == payload_len
-            and key_len == len(key)
-            and hdr[HEADER.size :] == key
-            and checksum(buf) == digest
-        ):
-            return payload_len
-    where = f"ssd tier {tier_name!r} file {path}"
+    """Check a block read as ``hdr`` + ``buf`` (``got`` bytes); drop the file if it is damaged.
+
+    ``buf`` is as long as the payload the file's name promises; a file that holds a complete
+    frame of another length is damaged too.
+    """
     try:
-        if got < len(hdr):
-            raise BlockCorruptedError(f"{where}: file of {got} bytes is shorter than a header")
-        header = parse_header(hdr, where=where)
-        if got != len(hdr) + payload_len:
+        _key_len, payload_len, digest = check_header(hdr, key, got)
+        if payload_len != buf.nbytes:
             raise BlockCorruptedError(
-                f"{where}: key {key[:64]!r}: file holds {got - len(hdr)} payload bytes, "
-                f"expected {payload_len}"
+                f"key {key[:64]!r}: file holds {payload_len} payload bytes, its name says "
+                f"{buf.nbytes}"
             )
-        verify_payload(header, key, buf, where=where)
-    except BlockCorruptedError:
+        check_payload(buf, key, digest)
+    except BlockCorruptedError as exc:
         _drop_file(fd, path)
-        raise
+        raise BlockCorruptedError(f"ssd tier {tier_name!r} file {path}: {exc}") from None
     return payload_len
 
 
@@ -217,10 +205,11 @@ def _read_whole_block(path: str) -> tuple[bytes, bytes] | None:
     try:
         with open(path, "rb", buffering=0) as f:
             blob = f.read()
-        header = parse_header(blob, where=path)
-        payload = memoryview(blob)[header.payload_offset :]
-        verify_payload(header, header.key, payload, where=path)
-        return header.key, bytes(payload)
+        key_len, _payload_len, digest = check_header(blob, None, len(blob))
+        key = blob[HEADER.size : HEADER.size + key_len]
+        payload = blob[HEADER.size + key_len :]
+        check_payload(payload, key, digest)
+        return key, payload
     except (OSError, BlockCorruptedError):
         return None
 
