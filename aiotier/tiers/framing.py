@@ -20,6 +20,7 @@ Nothing in a frame is ever evaluated or unpickled.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from typing import Final, TypeAlias
 
@@ -32,6 +33,7 @@ __all__ = [
     "HEADER",
     "MAGIC",
     "FrameHeader",
+    "block_digest",
     "check_header",
     "check_payload",
     "checksum",
@@ -61,6 +63,16 @@ class FrameHeader:
         self.payload_len = payload_len
         self.checksum = checksum
         self.payload_offset = HEADER.size + len(key)
+
+
+def block_digest(key: bytes) -> bytes:
+    """16 bytes naming ``key`` wherever a tier stores it: BLAKE2b-128, collision-resistant, so
+    hostile keys can neither collide nor choose a name.
+
+    SSD file names and Redis keys are both derived from it (as hex); changing it would orphan
+    every stored block, so it is pinned by tests.
+    """
+    return hashlib.blake2b(key, digest_size=16).digest()
 
 
 def frame_size(key: bytes, payload_len: int) -> int:

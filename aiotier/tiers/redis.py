@@ -40,7 +40,7 @@ from ..errors import (
 )
 from ._resp import RespReaderPool, RespServerError
 from .base import SecondaryTier, TierUsage
-from .framing import HEADER, check_header, check_payload, encode_header
+from .framing import HEADER, block_digest, check_header, check_payload, encode_header
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -311,7 +311,7 @@ class RedisTier(SecondaryTier):
 
     def redis_key(self, key: bytes) -> bytes:
         """The Redis key that holds ``key``: ``namespace:`` and 32 hex digits of BLAKE2b."""
-        return self._prefix + hashlib.blake2b(key, digest_size=16).hexdigest().encode("ascii")
+        return self._prefix + block_digest(key).hex().encode("ascii")
 
     def _decode_into(self, key: bytes, value: bytes, buf: memoryview) -> int:
         """Verify one stored frame and copy its payload into ``buf`` (the only copy made)."""

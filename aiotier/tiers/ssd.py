@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import errno
 import fcntl
-import hashlib
 import logging
 import os
 import stat
@@ -46,6 +45,7 @@ from ..errors import BlockCorruptedError, ConfigError, TieringError, TierUnavail
 from .base import SecondaryTier, TierUsage
 from .framing import (
     HEADER,
+    block_digest,
     check_header,
     check_payload,
     checksum,
@@ -86,9 +86,8 @@ _READ_FLAGS: Final = os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW
 _TMP_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC | _O_NOFOLLOW
 
 
-def key_digest(key: bytes) -> bytes:
-    """16 bytes naming ``key`` on disk: collision-resistant, so hostile keys cannot collide."""
-    return hashlib.blake2b(key, digest_size=16).digest()
+#: The digest naming a key's file; kept under this name for callers (``aiotier.bench.ssd``).
+key_digest = block_digest
 
 
 def block_relpath(digest: bytes, size: int) -> str:
@@ -883,17 +882,17 @@ class SSDTier(SecondaryTier):
 
     async def lookup(self, key: bytes) -> LookupResult:
         self._check_open()
-        return LookupResult.HIT if self._has(key_digest(_as_key(key))) else LookupResult.MISS
+        return LookupResult.HIT if self._has(block_digest(_as_key(key))) else LookupResult.MISS
 
     async def lookup_many(self, keys: Sequence[bytes]) -> list[LookupResult]:
         self._check_open()
         has = self._has
         hit, miss = LookupResult.HIT, LookupResult.MISS
-        return [hit if has(key_digest(_as_key(k))) else miss for k in keys]
+        return [hit if has(block_digest(_as_key(k))) else miss for k in keys]
 
     def _copy_handed(self, key: bytes, buf: memoryview) -> int | None:
         """Serve a block evicted a moment ago from memory (rare: the engine has not taken it)."""
-        digest = key_digest(key)
+        digest = block_digest(key)
         data = self._handed.get(digest)
         if data is None:
             data = self._handed_taken.get(digest)
@@ -909,7 +908,7 @@ class SSDTier(SecondaryTier):
 
     def _read_op(self, key: bytes, buf: memoryview) -> _ReadOp | None:
         key = _as_key(key)
-        digest = key_digest(key)
+        digest = block_digest(key)
         size = self._budget.size_of(digest)
         if size is None:
             size = self._leaving.get(digest)
@@ -1034,7 +1033,7 @@ class SSDTier(SecondaryTier):
         """Admit one block into the budget and build its write (the digest is already owned)."""
         view = _byte_view(data)
         size = frame_size(key, view.nbytes)
-        digest = key_digest(key)
+        digest = block_digest(key)
         old = self._budget.size_of(digest)
         victims = self._admit(digest, size)
         self._writes += 1
@@ -1094,7 +1093,7 @@ class SSDTier(SecondaryTier):
     async def write(self, key: bytes, data: bytes | memoryview) -> None:
         self._check_open()
         key = self._check_write(key, data)
-        digest = key_digest(key)
+        digest = block_digest(key)
         await self._acquire((digest,))
         try:
             op = self._write_op(key, data)
@@ -1119,7 +1118,7 @@ class SSDTier(SecondaryTier):
                 keys.append(None)
                 continue
             keys.append(key)
-            last[key_digest(key)] = i  # an earlier write of the same key is superseded
+            last[block_digest(key)] = i  # an earlier write of the same key is superseded
         if not last:
             return out
         digests = list(last)
@@ -1188,7 +1187,7 @@ class SSDTier(SecondaryTier):
         if not evicted or not self.handover_evicted:
             return
         for key, data in evicted:
-            digest = key_digest(key)
+            digest = block_digest(key)
             if digest in self._leaving or (op.skip and digest == op.digest):
                 # still ours to hand over: neither removed nor written again meanwhile
                 self._evicted.append((key, data))
@@ -1197,14 +1196,14 @@ class SSDTier(SecondaryTier):
         while self._evicted_bytes > _HANDOVER_MAX_BYTES and self._evicted:
             key, data = self._evicted.popleft()
             self._evicted_bytes -= len(data)
-            digest = key_digest(key)
+            digest = block_digest(key)
             if self._handed.get(digest) is data:
                 del self._handed[digest]
 
     def _note_evicted(self, keys: Iterable[bytes]) -> None:
         """Remember evicted keys for removed events, unless written here again meanwhile."""
         budget = self._budget
-        self._evicted_keys.extend(k for k in keys if key_digest(k) not in budget)
+        self._evicted_keys.extend(k for k in keys if block_digest(k) not in budget)
 
     def take_evicted_keys(self) -> list[bytes]:
         out = list(self._evicted_keys)
@@ -1221,7 +1220,7 @@ class SSDTier(SecondaryTier):
     async def remove(self, key: bytes) -> bool:
         self._check_open()
         key = _as_key(key)
-        digest = key_digest(key)
+        digest = block_digest(key)
         await self._acquire((digest,))
         in_transit = digest in self._leaving or digest in self._handed
         if in_transit:
@@ -1235,7 +1234,7 @@ class SSDTier(SecondaryTier):
 
     def contains_hint(self, key: bytes) -> bool | None:
         """Exact: the index in memory is the truth about what is on disk."""
-        return self._has(key_digest(_as_key(key)))
+        return self._has(block_digest(_as_key(key)))
 
     def usage(self) -> TierUsage:
         return TierUsage(len(self._budget), self._budget.used, self._budget.capacity)

@@ -10,6 +10,7 @@ import pytest
 from aiotier.errors import BlockCorruptedError
 from aiotier.tiers.framing import (
     HEADER,
+    block_digest,
     check_header,
     check_payload,
     checksum,
@@ -107,3 +108,10 @@ def test_parse_header_and_verify_payload_apply_the_same_rules_with_a_location() 
         corruption(lambda: verify_payload(header, KEY, PAYLOAD[::-1]))
         == "key b'block-7': payload checksum mismatch"
     )
+
+
+def test_block_digest_is_pinned() -> None:
+    """SSD file names and Redis keys derive from it: a change would orphan stored blocks."""
+    assert block_digest(b"abc").hex() == "cf4ab791c62b8d2b2109c90275287816"
+    assert block_digest(b"").hex() == "cae66941d9efbd404e4d88758ea67670"
+    assert block_digest(b"\x00\xff" * 512).hex() == "77f807b67f703f9636a24718e47e1c50"

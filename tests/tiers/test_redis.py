@@ -116,6 +116,18 @@ async def test_keys_are_namespace_and_hash(tier: RedisTier, raw: redis_asyncio.R
     assert len(stored[0]) == len(b"aiotier:") + 32
 
 
+async def test_redis_key_names_are_pinned(redis_url: str, raw: redis_asyncio.Redis) -> None:
+    """Blocks written by earlier versions stay readable: ``namespace:`` + BLAKE2b-128 in hex."""
+    tier = RedisTier(redis_url, namespace="fleet-a")
+    await tier.open()
+    try:
+        await tier.write(b"abc", b"v")
+        assert await raw.keys("*") == [b"fleet-a:cf4ab791c62b8d2b2109c90275287816"]
+        assert tier.redis_key(b"") == b"fleet-a:cae66941d9efbd404e4d88758ea67670"
+    finally:
+        await tier.aclose()
+
+
 async def test_usage_tracks_what_this_tier_wrote(tier: RedisTier) -> None:
     assert tier.usage().blocks == 0
     await tier.write(b"a", b"1" * 10)
