@@ -91,7 +91,11 @@ key_digest = block_digest
 
 
 def block_relpath(digest: bytes, size: int) -> str:
-    """Path of a block file relative to the tier directory."""
+    """Path of a block file relative to the tier directory: the only place names are made.
+
+    ``<first byte of the digest>/<digest>-<frame size>.blk``, all in lowercase hex; the scan at
+    :meth:`SSDTier.open` parses them back (``_parse_block_name``).
+    """
     h = digest.hex()
     return f"{h[:2]}/{h}-{size:x}.blk"
 
@@ -872,8 +876,8 @@ class SSDTier(SecondaryTier):
         return t
 
     def _path(self, digest: bytes, size: int) -> str:
-        h = digest.hex()
-        return f"{self.path}/{h[:2]}/{h}-{size:x}.blk"
+        """Where a block file lives: :func:`block_relpath` under the tier's directory."""
+        return f"{self.path}/{block_relpath(digest, size)}"
 
     # -- reads ---------------------------------------------------------------------------------
 
