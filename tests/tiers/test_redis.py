@@ -395,6 +395,50 @@ async def test_batched_read_reports_each_key_in_place(
         await tier.aclose()
 
 
+async def test_both_read_paths_report_the_same_outcomes(
+    redis_url: str, raw: redis_asyncio.Redis
+) -> None:
+    """redis-py's reply and the zero-copy reader go through one post-processing step."""
+    fast, slow = RedisTier(redis_url), RedisTier(redis_url, fast_reads=False)
+    await fast.open()
+    await slow.open()
+    try:
+        keys = [b"good", b"absent", b"flip", b"big", b"alien", b"short"]
+
+        async def damage() -> None:
+            await fast.write_many([(b"good", b"fine"), (b"big", os.urandom(300_000))])
+            bad = bytearray(good_frame(b"flip", b"x" * 70_000))
+            bad[-5] ^= 1
+            await raw.set(fast.redis_key(b"flip"), bytes(bad))
+            await raw.set(fast.redis_key(b"alien"), good_frame(b"someone-else", b"x"))
+            await raw.set(fast.redis_key(b"short"), b"ATBK")
+
+        seen = []
+        for tier in (fast, slow):
+            await damage()
+            results = await tier.read_many_into(keys, [buf(100_000) for _ in keys])
+            seen.append([r if isinstance(r, int) else (type(r), str(r)) for r in results])
+            dropped = [tier.redis_key(k) for k in (b"flip", b"alien", b"short")]
+            assert await raw.exists(*dropped) == 0
+        assert seen[0] == seen[1]
+        assert seen[0][:2] == [4, -1]
+        assert seen[0][3] == (
+            ValueError,
+            "redis tier 'redis': block b'big' is 300000 bytes, buffer holds 100000",
+        )
+        assert seen[0][5] == (
+            BlockCorruptedError,
+            "redis tier 'redis': frame of 4 bytes is shorter than a header",
+        )
+        assert seen[0][4] == (
+            BlockCorruptedError,
+            "redis tier 'redis': frame holds a key of 12 bytes, not b'alien'",
+        )
+    finally:
+        await fast.aclose()
+        await slow.aclose()
+
+
 async def test_64_key_write_many_is_one_pipeline(tier: RedisTier, sends: list[int]) -> None:
     sends.clear()
     assert await tier.write_many([(f"k{i}".encode(), b"v") for i in range(64)]) == [None] * 64
