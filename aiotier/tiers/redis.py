@@ -27,10 +27,10 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+from .._core.breaker import CircuitBreaker
 from .._types import LookupResult
 from ..errors import (
     BlockCorruptedError,
@@ -125,40 +125,6 @@ class _Cluster(_SingleServer):
         return sum(int(x) for x in await pipe.execute())
 
 
-class _CircuitBreaker:
-    """Sans-IO circuit state: closed until ``threshold`` consecutive failures, then open."""
-
-    __slots__ = ("failures", "opened_at", "threshold", "times_opened")
-
-    def __init__(self, threshold: int) -> None:
-        self.threshold = threshold
-        self.failures = 0
-        self.opened_at: float | None = None
-        self.times_opened = 0
-
-    @property
-    def is_open(self) -> bool:
-        return self.opened_at is not None
-
-    def success(self) -> None:
-        self.failures = 0
-        self.opened_at = None
-
-    def trip(self) -> bool:
-        """Open the circuit now; True if it was closed."""
-        self.failures = max(self.failures, self.threshold - 1)
-        return self.failure()
-
-    def failure(self) -> bool:
-        """Count a failure; True when this one opened the circuit."""
-        self.failures += 1
-        if self.opened_at is None and self.failures >= self.threshold:
-            self.opened_at = time.monotonic()
-            self.times_opened += 1
-            return True
-        return False
-
-
 class RedisTier(SecondaryTier):
     """Blocks in a Redis/Valkey server or Redis Cluster, shared by every engine that uses it.
 
@@ -235,7 +201,7 @@ class RedisTier(SecondaryTier):
         self._fast: RespReaderPool | None = None
         self._prefix = namespace.encode("utf-8") + b":"
         self._px = None if ttl is None else max(1, round(ttl * 1000))
-        self._breaker = _CircuitBreaker(failure_threshold)
+        self._breaker = CircuitBreaker(failure_threshold)
         self._client: Any = None
         self._probe_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -247,7 +213,7 @@ class RedisTier(SecondaryTier):
         self.errors = 0
 
     def __repr__(self) -> str:
-        state = "open" if self._breaker.is_open else "closed"
+        state = self._breaker.state.value
         return f"<RedisTier name={self.name!r} namespace={self.namespace!r} circuit={state}>"
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -391,8 +357,9 @@ class RedisTier(SecondaryTier):
         if self._breaker.is_open:
             self.errors += 1
             raise TierUnavailableError(
-                f"redis tier {self.name!r}: circuit open after {self._breaker.failures} failed "
-                f"calls to {self._safe_url()}; {op} not attempted"
+                f"redis tier {self.name!r}: circuit open for {self._breaker.open_for():.3g}s "
+                f"after {self._breaker.failures} failed calls to {self._safe_url()}; {op} not "
+                f"attempted"
             )
 
     def _safe_url(self) -> str:
@@ -436,7 +403,11 @@ class RedisTier(SecondaryTier):
             except Exception as exc:  # still down: try again later
                 _log.debug("redis tier %r: probe failed: %s", self.name, exc)
                 continue
-            _log.warning("redis tier %r: server answers again; circuit closed", self.name)
+            _log.warning(
+                "redis tier %r: server answers again after %.3gs; circuit closed",
+                self.name,
+                self._breaker.open_for(),
+            )
             self._breaker.success()
 
     async def _call(self, op: str, fn: Callable[[Any], Awaitable[_T]]) -> _T:
