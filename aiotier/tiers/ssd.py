@@ -1021,15 +1021,7 @@ class SSDTier(SecondaryTier):
 
     def _admit(self, digest: bytes, size: int) -> list[tuple[bytes, int]]:
         """Account a new file of ``size`` bytes; return the (digest, size) evicted for it."""
-        budget = self._budget
-        budget.discard(digest)
-        victims: list[tuple[bytes, int]] = []
-        while budget.used + size > budget.capacity:
-            victim = next(iter(budget))
-            vsize = budget.discard(victim)
-            assert vsize is not None
-            victims.append((victim, vsize))
-        budget.load(digest, size)
+        victims = self._budget.admit_entries(digest, size)  # fits: checked by _check_write
         self.evictions += len(victims)
         return victims
 
