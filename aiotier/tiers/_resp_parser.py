@@ -394,8 +394,8 @@ class MgetParser:
     def _take(self, n: int) -> bytes | None:
         """The next ``n`` bytes of scratch, or None until they are there.
 
-        A copy, and a deliberate one: the frame checks compare ``bytes`` with ``bytes``, which
-        costs less than comparing memoryview slices (measured: ~0.6 vs ~1 µs per element).
+        A copy, and a deliberate one: the frame checks compare the stored key, and comparing
+        ``bytes`` with ``bytes`` costs less than comparing memoryview slices.
         """
         if self._end - self._start < n:
             return None

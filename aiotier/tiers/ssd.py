@@ -67,10 +67,11 @@ LOCK_NAME: Final = "lock"
 TMP_PREFIX: Final = ".tmp-"
 SHARDS: Final = tuple(f"{i:02x}" for i in range(256))
 
-#: Most blocks and bytes one thread hop carries: enough to amortise the hop (20-65 µs), small
-#: enough that several hops run in parallel and a cancelled caller never waits long. The byte
-#: cap lets a 64-block batch of 1 MiB blocks split evenly over two threads (at 16 MiB it went
-#: 15+15+15+15+4, the last hop running alone: 3.3 -> 4.5 GB/s warm with the cap raised).
+#: Most blocks and bytes one thread hop carries: enough blocks to amortise the hop's fixed
+#: cost, few enough that several hops run in parallel and a cancelled caller never waits long.
+#: The byte cap is at least half of a 64-block batch of 1 MiB blocks, so that such a batch
+#: splits evenly over two threads rather than into cap-sized hops that leave a short last hop
+#: running alone. Measurements: docs/ssd.md ("Threads, hops and speed").
 _HOP_MAX_OPS: Final = 32
 _HOP_MAX_BYTES: Final = 64 << 20
 #: How long a cancelled caller waits for a hop already touching its buffer before giving up.
@@ -245,7 +246,8 @@ def _unlink_quiet(path: str) -> None:
 
 
 class _Group:
-    """One future for a batch of ops: futures and callbacks per block cost ~10 µs each."""
+    """One future for a batch of ops: the event loop's cost of a batch must not grow with its
+    blocks (a future and a callback per block cost more than a warm block's read)."""
 
     __slots__ = ("fut", "remaining", "results")
 
@@ -261,8 +263,9 @@ class _Group:
             self.fut.set_result(None)
 
 
-class _Op:
-    """One queued unit of disk work: ``run`` on a tier thread, ``finish`` on the loop.
+class _DiskOp:
+    """One queued unit of the SSD tier's disk work: ``run`` on a tier thread, ``finish`` on
+    the loop.
 
     Reads run in two phases instead (``_ReadOp.start`` / ``complete``, see ``_run_ops``).
     """
@@ -302,7 +305,7 @@ def _resolve(fut: asyncio.Future[Any], outcome: Any) -> None:
         fut.set_result(outcome)
 
 
-def _run_ops(ops: list[_Op]) -> list[Any]:
+def _run_ops(ops: list[_DiskOp]) -> list[Any]:
     """Body of one thread hop: every op in order, each failure kept in its own slot.
 
     A read first takes what the page cache holds (``RWF_NOWAIT``: warm blocks cost one
@@ -357,7 +360,7 @@ class SSDScan:
     seconds: float = 0.0
 
 
-def _read_recency(root: str, consume: bool) -> tuple[list[bytes], int]:
+def _read_recency(root: str, *, consume: bool) -> tuple[list[bytes], int]:
     """Digests in LRU order as saved by the last clean close (oldest first), and the file's
     mtime; ``([], 0)`` when there is none or it does not verify.
 
@@ -408,10 +411,12 @@ def _parse_block_name(name: str, shard: str) -> tuple[bytes, int] | None:
     return digest, size
 
 
-def _scan(
-    root: str, capacity: int | None, repair: bool
+def _index_directory(
+    root: str, capacity: int | None, *, repair: bool
 ) -> tuple[SSDScan, ByteBudgetLRU | None, list[str]]:
-    """Index the block files under ``root`` by recency; remove temporaries and torn files.
+    """Index the block files under ``root`` by recency. With ``repair`` (``SSDTier.open``),
+    remove temporaries, torn files, stale duplicates and blocks over the budget; without
+    (``scan_directory``), change nothing.
 
     One ``stat`` per file and no open: its size against the size in its name finds torn files,
     its mtime gives recency (refined by the ``recency`` file of a clean close). With
@@ -501,7 +506,7 @@ def scan_directory(path: str | os.PathLike[str]) -> SSDScan:
     root = os.fspath(path)
     if not os.path.isdir(root):
         raise ConfigError(f"{root!r} is not a directory")
-    info, _budget, _evicted = _scan(root, None, repair=False)
+    info, _budget, _evicted = _index_directory(root, None, repair=False)
     return info
 
 
@@ -578,7 +583,7 @@ def _open_dir(root: str, capacity: int, tier_name: str) -> _OpenResult:
             for name in os.listdir(root):
                 if name.startswith(TMP_PREFIX):
                     _unlink_quiet(os.path.join(root, name))
-        scan, budget, _evicted = _scan(root, capacity, repair=True)
+        scan, budget, _evicted = _index_directory(root, capacity, repair=True)
         assert budget is not None
         return _OpenResult(root, lock_fd, budget, scan)
     except BaseException:
@@ -637,7 +642,7 @@ class SSDTier(SecondaryTier):
         self._lock_fd: int | None = None
         self._open = False
         self._closing = False
-        self._queue: deque[_Op] = deque()
+        self._queue: deque[_DiskOp] = deque()
         self._flush_scheduled = False
         self._hops = 0
         self._hop_tasks: set[asyncio.Task[None]] = set()
@@ -755,7 +760,7 @@ class SSDTier(SecondaryTier):
 
     # -- the op queue --------------------------------------------------------------------------
 
-    def _enqueue(self, *ops: _Op) -> None:
+    def _enqueue(self, *ops: _DiskOp) -> None:
         self._queue.extend(ops)
         assert self._idle is not None
         self._idle.clear()
@@ -777,7 +782,7 @@ class SSDTier(SecondaryTier):
     def _start_hop(self, max_ops: int) -> bool:
         """Send up to ``max_ops`` queued ops (and ``_HOP_MAX_BYTES``) to a thread in one hop."""
         queue = self._queue
-        batch: list[_Op] = []
+        batch: list[_DiskOp] = []
         nbytes = 0
         limit = min(max_ops, _HOP_MAX_OPS)
         while queue and len(batch) < limit:
@@ -804,7 +809,7 @@ class SSDTier(SecondaryTier):
         if self._hops == 0 and not self._queue and self._idle is not None:
             self._idle.set()
 
-    async def _hop(self, batch: list[_Op]) -> None:
+    async def _hop(self, batch: list[_DiskOp]) -> None:
         outcomes: list[Any]
         try:
             outcomes = await _run_ops_async(batch, executor=self._executor)
@@ -822,7 +827,7 @@ class SSDTier(SecondaryTier):
             self._flush()
         self._maybe_idle()
 
-    async def _submit(self, op: _Op, *, withdrawable: bool) -> Any:
+    async def _submit(self, op: _DiskOp, *, withdrawable: bool) -> Any:
         """Queue ``op`` and await its outcome.
 
         A cancelled caller whose op is already on a thread waits (up to ``_CANCEL_GRACE``) for
@@ -842,7 +847,7 @@ class SSDTier(SecondaryTier):
             await _wait_settled(fut)
             raise
 
-    async def _submit_group(self, ops: Sequence[_Op], *, withdrawable: bool) -> list[Any]:
+    async def _submit_group(self, ops: Sequence[_DiskOp], *, withdrawable: bool) -> list[Any]:
         """Queue ``ops`` under one future; their outcomes in order (same cancellation rule)."""
         assert self._loop is not None
         group = _Group(self._loop.create_future(), len(ops))
@@ -1057,8 +1062,8 @@ class SSDTier(SecondaryTier):
             tmp,
             old_path,
             unlink,
-            self.handover_evicted,
-            self._next_stamp(),
+            handover=self.handover_evicted,
+            stamp=self._next_stamp(),
         )
         op.leaving = leaving
         op.report = self.report_evicted and not self.handover_evicted
@@ -1239,7 +1244,7 @@ class SSDTier(SecondaryTier):
 # -- ops ----------------------------------------------------------------------------------------
 
 
-class _ReadOp(_Op):
+class _ReadOp(_DiskOp):
     __slots__ = (
         "buf",
         "digest",
@@ -1282,8 +1287,8 @@ class _ReadOp(_Op):
     def start(self) -> int | None:
         """Open and read what the page cache holds: the outcome, or None if the disk is needed.
 
-        No ``utime`` on reads: it dirties the inode (~8 µs, a journal write) on every promotion;
-        read recency survives a clean restart through the recency file instead.
+        No ``utime`` on reads: it dirties the inode (a journal write) on every promotion; read
+        recency survives a clean restart through the recency file instead.
         """
         self.path = self.tier._path(self.digest, self.size)
         fd = _open_for_read(self.path)
@@ -1320,7 +1325,7 @@ class _ReadOp(_Op):
         self.tier._read_finished(self, outcome)
 
 
-class _WriteOp(_Op):
+class _WriteOp(_DiskOp):
     __slots__ = (
         "data",
         "digest",
@@ -1349,6 +1354,7 @@ class _WriteOp(_Op):
         tmp: str,
         old_path: str | None,
         unlink: list[str],
+        *,
         handover: bool,
         stamp: int,
     ) -> None:
@@ -1432,10 +1438,12 @@ class _WriteOp(_Op):
         self.tier._write_finished(self, outcome)
 
 
-class _UnlinkOp(_Op):
+class _UnlinkOp(_DiskOp):
     __slots__ = ("digest", "path", "then", "tier")
 
-    def __init__(self, tier: SSDTier, path: str, digest: bytes, *, then: _Op | None = None) -> None:
+    def __init__(
+        self, tier: SSDTier, path: str, digest: bytes, *, then: _DiskOp | None = None
+    ) -> None:
         super().__init__(0)
         self.tier = tier
         self.path = path
