@@ -11,8 +11,9 @@ __all__ = ["ByteBudgetLRU"]
 class ByteBudgetLRU:
     """Tracks ``key -> size`` in recency order and says what to evict to fit a new entry.
 
-    It never touches the data itself: a tier asks :meth:`admit` which keys must go, drops them,
-    and the accounting here already reflects it.
+    It never touches the data itself: a tier asks :meth:`admit` (or :meth:`admit_entries`)
+    which keys must go, drops them, and the accounting here already reflects it. Every
+    eviction, at admission or after an index rebuild (:meth:`over_budget`), runs the same loop.
     """
 
     __slots__ = ("_entries", "capacity", "used")
@@ -43,16 +44,15 @@ class ByteBudgetLRU:
         An existing entry for ``key`` is replaced. Raises ``ValueError`` (changing nothing) when
         ``size`` alone exceeds the budget.
         """
+        return [victim for victim, _size in self.admit_entries(key, size)]
+
+    def admit_entries(self, key: bytes, size: int) -> list[tuple[bytes, int]]:
+        """:meth:`admit`, returning each evicted entry with its size, least recent first (a
+        tier whose names include the size, such as the SSD tier's files, needs both)."""
         if size > self.capacity:
             raise ValueError(f"a {size}-byte entry cannot fit a {self.capacity}-byte budget")
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self.used -= old
-        evicted: list[bytes] = []
-        while self.used + size > self.capacity:
-            victim, vsize = self._entries.popitem(last=False)
-            self.used -= vsize
-            evicted.append(victim)
+        self.discard(key)
+        evicted = self._evict_down_to(self.capacity - size)
         self._entries[key] = size
         self.used += size
         return evicted
@@ -76,9 +76,15 @@ class ByteBudgetLRU:
 
     def over_budget(self) -> list[bytes]:
         """Evict least-recent entries until within budget (after :meth:`load`); return them."""
-        evicted: list[bytes] = []
-        while self.used > self.capacity and self._entries:
-            victim, vsize = self._entries.popitem(last=False)
+        return [victim for victim, _size in self._evict_down_to(self.capacity)]
+
+    def _evict_down_to(self, limit: int) -> list[tuple[bytes, int]]:
+        """The one eviction loop: drop least-recent entries until at most ``limit`` bytes are
+        used; return them with their sizes, in eviction order."""
+        entries = self._entries
+        evicted: list[tuple[bytes, int]] = []
+        while self.used > limit and entries:
+            victim, vsize = entries.popitem(last=False)
             self.used -= vsize
-            evicted.append(victim)
+            evicted.append((victim, vsize))
         return evicted

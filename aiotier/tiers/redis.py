@@ -27,10 +27,10 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+from .._core.breaker import CircuitBreaker
 from .._types import LookupResult
 from ..errors import (
     BlockCorruptedError,
@@ -40,7 +40,7 @@ from ..errors import (
 )
 from ._resp import RespReaderPool, RespServerError
 from .base import SecondaryTier, TierUsage
-from .framing import encode_header, parse_header, verify_payload
+from .framing import HEADER, block_digest, check_header, check_payload, encode_header
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -76,38 +76,53 @@ def _import_redis() -> tuple[ModuleType, ModuleType]:
     return redis_asyncio, redis_exceptions
 
 
-class _CircuitBreaker:
-    """Sans-IO circuit state: closed until ``threshold`` consecutive failures, then open."""
+def _pipeline(client: Any) -> Any:
+    """A non-transactional pipeline: a plain server's default wraps it in MULTI/EXEC, which a
+    batch of independent blocks does not need (a cluster has no transactions at all)."""
+    return client.pipeline(transaction=False)
 
-    __slots__ = ("failures", "opened_at", "threshold", "times_opened")
 
-    def __init__(self, threshold: int) -> None:
-        self.threshold = threshold
-        self.failures = 0
-        self.opened_at: float | None = None
-        self.times_opened = 0
+class _SingleServer:
+    """How batches reach one server: multi-key commands (``MGET``, ``DEL k...``) and a Lua
+    script for lookups; the zero-copy reader can serve reads. Chosen once, at construction,
+    so no operation asks which kind of deployment it talks to."""
 
-    @property
-    def is_open(self) -> bool:
-        return self.opened_at is not None
+    lookup_script = True
+    fast_reads = True
 
-    def success(self) -> None:
-        self.failures = 0
-        self.opened_at = None
+    def connect(self, redis_asyncio: ModuleType, url: str, kwargs: dict[str, Any]) -> Any:
+        return redis_asyncio.Redis.from_url(url, **kwargs)
 
-    def trip(self) -> bool:
-        """Open the circuit now; True if it was closed."""
-        self.failures = max(self.failures, self.threshold - 1)
-        return self.failure()
+    async def get_many(self, client: Any, rkeys: list[bytes]) -> list[bytes | None]:
+        return list(await client.mget(rkeys))
 
-    def failure(self) -> bool:
-        """Count a failure; True when this one opened the circuit."""
-        self.failures += 1
-        if self.opened_at is None and self.failures >= self.threshold:
-            self.opened_at = time.monotonic()
-            self.times_opened += 1
-            return True
-        return False
+    async def delete_many(self, client: Any, rkeys: list[bytes]) -> int:
+        return int(await client.delete(*rkeys))
+
+
+class _Cluster(_SingleServer):
+    """How batches reach a Redis Cluster: hashed keys land in many slots, which no multi-key
+    command or script may span, so every batch is a pipeline (redis-py sends one per node)."""
+
+    lookup_script = False
+    fast_reads = False
+
+    def connect(self, redis_asyncio: ModuleType, url: str, kwargs: dict[str, Any]) -> Any:
+        from redis.asyncio.cluster import RedisCluster
+
+        return RedisCluster.from_url(url, **kwargs)
+
+    async def get_many(self, client: Any, rkeys: list[bytes]) -> list[bytes | None]:
+        pipe = _pipeline(client)
+        for rkey in rkeys:
+            pipe.get(rkey)
+        return list(await pipe.execute())
+
+    async def delete_many(self, client: Any, rkeys: list[bytes]) -> int:
+        pipe = _pipeline(client)
+        for rkey in rkeys:
+            pipe.delete(rkey)
+        return sum(int(x) for x in await pipe.execute())
 
 
 class RedisTier(SecondaryTier):
@@ -179,23 +194,26 @@ class RedisTier(SecondaryTier):
         self._client_kwargs = dict(client_kwargs or {})
         self.read_streams = read_streams
         self.max_read_connections = max_read_connections
-        self._fast_target = self._fast_reader_target() if fast_reads and not cluster else None
+        self._deployment = _Cluster() if cluster else _SingleServer()
+        self._fast_target = (
+            self._fast_reader_target() if fast_reads and self._deployment.fast_reads else None
+        )
         self._fast: RespReaderPool | None = None
         self._prefix = namespace.encode("utf-8") + b":"
         self._px = None if ttl is None else max(1, round(ttl * 1000))
-        self._breaker = _CircuitBreaker(failure_threshold)
+        self._breaker = CircuitBreaker(failure_threshold)
         self._client: Any = None
         self._probe_task: asyncio.Task[None] | None = None
         self._closed = False
-        self._use_script = not cluster
-        # What this tier instance wrote and has not seen disappear: redis key -> frame bytes.
+        self._use_script = self._deployment.lookup_script
+        # What this tier instance wrote and has not seen disappear: redis key -> frame size.
         self._written: dict[bytes, int] = {}
         self._bytes_written = 0
         #: Calls that failed for connectivity (timeouts, lost connections, open circuit).
         self.errors = 0
 
     def __repr__(self) -> str:
-        state = "open" if self._breaker.is_open else "closed"
+        state = self._breaker.state.value
         return f"<RedisTier name={self.name!r} namespace={self.namespace!r} circuit={state}>"
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -293,12 +311,7 @@ class RedisTier(SecondaryTier):
             # metadata (file system calls on the event loop) for every new connection.
             kwargs["driver_info"] = driver_info
         kwargs.update(self._client_kwargs)
-        if self.cluster:
-            from redis.asyncio.cluster import RedisCluster
-
-            self._client = RedisCluster.from_url(self.url, **kwargs)
-        else:
-            self._client = self._redis.Redis.from_url(self.url, **kwargs)
+        self._client = self._deployment.connect(self._redis, self.url, kwargs)
         if self._fast_target is not None and self._fast is None:
             self._fast = RespReaderPool(
                 **self._fast_target,
@@ -311,18 +324,23 @@ class RedisTier(SecondaryTier):
 
     def redis_key(self, key: bytes) -> bytes:
         """The Redis key that holds ``key``: ``namespace:`` and 32 hex digits of BLAKE2b."""
-        return self._prefix + hashlib.blake2b(key, digest_size=16).hexdigest().encode("ascii")
+        return self._prefix + block_digest(key).hex().encode("ascii")
 
-    def _decode_into(self, key: bytes, value: bytes, buf: memoryview) -> int:
-        """Verify one stored frame and copy its payload into ``buf`` (the only copy made)."""
-        where = f"redis tier {self.name!r}"
+    def _decode_into(self, key: bytes, value: bytes | None, buf: memoryview) -> int | Exception:
+        """One value as redis-py returned it, reported as the zero-copy reader reports one:
+        the payload copied into ``buf`` (the only copy made) and its length, -1 when absent,
+        or what is wrong with it (the tier is named by :meth:`_settle_reads`)."""
+        if value is None:
+            return -1
         mv = memoryview(value)
-        header = parse_header(mv, where=where)
-        payload = mv[header.payload_offset :]
-        verify_payload(header, key, payload, where=where)
-        n = header.payload_len
+        try:
+            key_len, n, digest = check_header(mv, key, len(mv))
+            payload = mv[HEADER.size + key_len :]
+            check_payload(payload, key, digest)
+        except BlockCorruptedError as exc:
+            return exc
         if n > len(buf):
-            raise ValueError(f"{where}: block {key[:64]!r} is {n} bytes, buffer holds {len(buf)}")
+            return ValueError(f"block {key[:64]!r} is {n} bytes, buffer holds {len(buf)}")
         buf[:n] = payload
         return n
 
@@ -339,8 +357,9 @@ class RedisTier(SecondaryTier):
         if self._breaker.is_open:
             self.errors += 1
             raise TierUnavailableError(
-                f"redis tier {self.name!r}: circuit open after {self._breaker.failures} failed "
-                f"calls to {self._safe_url()}; {op} not attempted"
+                f"redis tier {self.name!r}: circuit open for {self._breaker.open_for():.3g}s "
+                f"after {self._breaker.failures} failed calls to {self._safe_url()}; {op} not "
+                f"attempted"
             )
 
     def _safe_url(self) -> str:
@@ -384,7 +403,11 @@ class RedisTier(SecondaryTier):
             except Exception as exc:  # still down: try again later
                 _log.debug("redis tier %r: probe failed: %s", self.name, exc)
                 continue
-            _log.warning("redis tier %r: server answers again; circuit closed", self.name)
+            _log.warning(
+                "redis tier %r: server answers again after %.3gs; circuit closed",
+                self.name,
+                self._breaker.open_for(),
+            )
             self._breaker.success()
 
     async def _call(self, op: str, fn: Callable[[Any], Awaitable[_T]]) -> _T:
@@ -420,14 +443,10 @@ class RedisTier(SecondaryTier):
     async def read_into(self, key: bytes, buf: memoryview) -> int:
         rkey = self.redis_key(key)
         value = await self._call("read", lambda c: c.get(rkey))
-        if value is None:
-            self._forget(rkey)
-            return -1
-        try:
-            return self._decode_into(key, value, buf)
-        except BlockCorruptedError:
-            await self._drop_corrupted([rkey])
-            raise
+        (outcome,) = await self._settle_reads([rkey], [self._decode_into(key, value, buf)])
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
     async def write(self, key: bytes, data: bytes | memoryview) -> None:
         rkey = self.redis_key(key)
@@ -446,7 +465,7 @@ class RedisTier(SecondaryTier):
         rkeys = [self.redis_key(k) for k in keys]
 
         async def run(client: Any) -> list[Any]:
-            pipe = client.pipeline(transaction=False)
+            pipe = _pipeline(client)
             for rkey in rkeys:
                 pipe.delete(rkey)
             return list(await pipe.execute(raise_on_error=False))
@@ -502,7 +521,7 @@ class RedisTier(SecondaryTier):
                     "redis tier %r: scripts not allowed (%s); pipelining EXISTS", self.name, exc
                 )
                 self._use_script = False
-        pipe = client.pipeline(transaction=False)
+        pipe = _pipeline(client)
         for rkey in rkeys:
             pipe.exists(rkey)
         return [int(x) for x in await pipe.execute()]
@@ -516,82 +535,70 @@ class RedisTier(SecondaryTier):
         if not keys:
             return []
         rkeys = [self.redis_key(k) for k in keys]
-        if self._fast_target is not None:
-            return await self._read_many_fast(keys, rkeys, bufs)
+        read = self._read_pooled if self._fast_target is None else self._read_fast
         try:
-            values = await self._call("read_many", lambda c: self._get_many(c, rkeys))
+            outcomes = await self._call("read_many", lambda c: read(c, keys, rkeys, bufs))
         except TieringError as exc:
             return [exc] * len(keys)
-        out: list[int | Exception] = []
-        corrupted: list[bytes] = []
-        for key, rkey, value, buf in zip(keys, rkeys, values, bufs, strict=True):
-            if value is None:
-                self._forget(rkey)
-                out.append(-1)
-                continue
-            try:
-                out.append(self._decode_into(key, value, buf))
-            except BlockCorruptedError as exc:
-                corrupted.append(rkey)
-                out.append(exc)
-            except ValueError as exc:
-                out.append(exc)
-        if corrupted:
-            await self._drop_corrupted(corrupted)
-        return out
+        return await self._settle_reads(rkeys, outcomes)
 
-    async def _read_many_fast(
-        self, keys: Sequence[bytes], rkeys: list[bytes], bufs: Sequence[memoryview]
+    async def _read_pooled(
+        self, client: Any, keys: Sequence[bytes], rkeys: list[bytes], bufs: Sequence[memoryview]
+    ) -> list[int | Exception]:
+        """redis-py's ``MGET`` (per-node ``GET``s on a cluster), each value verified and copied
+        into its buffer."""
+        values = await self._deployment.get_many(client, rkeys)
+        decode = self._decode_into
+        return [decode(k, v, b) for k, v, b in zip(keys, values, bufs, strict=True)]
+
+    async def _read_fast(
+        self, _client: Any, keys: Sequence[bytes], rkeys: list[bytes], bufs: Sequence[memoryview]
     ) -> list[int | Exception]:
         """MGETs whose payloads the kernel writes straight into ``bufs``, a few at once."""
+        fast = self._fast
+        if fast is None:
+            raise TierUnavailableError(f"redis tier {self.name!r} is closed")
         total = sum(len(b) for b in bufs)
         streams = max(1, min(self.read_streams, len(keys), total // _SPLIT_BYTES))
         step = -(-len(keys) // streams)
-        spans = [(i, min(i + step, len(keys))) for i in range(0, len(keys), step)]
+        parts = await asyncio.gather(
+            *(
+                fast.mget_into(rkeys[a : a + step], keys[a : a + step], bufs[a : a + step])
+                for a in range(0, len(keys), step)
+            ),
+            return_exceptions=True,  # every part has finished (and let go of bufs) on return
+        )
+        out: list[int | Exception] = []
+        for part in parts:
+            if isinstance(part, BaseException):
+                raise part
+            out.extend(part)
+        return out
 
-        async def run(_client: Any) -> list[int | Exception]:
-            fast = self._fast
-            if fast is None:
-                raise TierUnavailableError(f"redis tier {self.name!r} is closed")
-            parts = await asyncio.gather(
-                *(fast.mget_into(rkeys[a:b], keys[a:b], bufs[a:b]) for a, b in spans),
-                return_exceptions=True,  # every part has finished (and let go of bufs) on return
-            )
-            out: list[int | Exception] = []
-            for part in parts:
-                if isinstance(part, BaseException):
-                    raise part
-                out.extend(part)
-            return out
-
-        try:
-            raw = await self._call("read_many", run)
-        except TieringError as exc:
-            return [exc] * len(keys)
+    async def _settle_reads(
+        self, rkeys: Sequence[bytes], outcomes: Sequence[int | Exception]
+    ) -> list[int | Exception]:
+        """What every read path reports, from per-key outcomes (a length, -1, or a failure
+        that does not name the tier yet): failures name this tier, keys found absent leave the
+        usage figures, and values that failed verification are deleted from the server."""
         where = f"redis tier {self.name!r}"
         out: list[int | Exception] = []
         corrupted: list[bytes] = []
-        for rkey, r in zip(rkeys, raw, strict=True):
-            if isinstance(r, BlockCorruptedError):
+        for rkey, r in zip(rkeys, outcomes, strict=True):
+            if isinstance(r, int):
+                if r == -1:
+                    self._forget(rkey)
+                out.append(r)
+            elif isinstance(r, BlockCorruptedError):
                 corrupted.append(rkey)
                 out.append(BlockCorruptedError(f"{where}: {r}"))
             elif isinstance(r, ValueError):
                 out.append(ValueError(f"{where}: {r}"))
-            else:
-                if r == -1:
-                    self._forget(rkey)
-                out.append(r)
+            else:  # the server's error reply for this one key
+                out.append(TieringError(f"{where}: read: {r}"))
         if corrupted:
             await self._drop_corrupted(corrupted)
         return out
-
-    async def _get_many(self, client: Any, rkeys: list[bytes]) -> list[bytes | None]:
-        if not self.cluster:
-            return list(await client.mget(rkeys))
-        pipe = client.pipeline()
-        for rkey in rkeys:
-            pipe.get(rkey)
-        return list(await pipe.execute())
 
     async def write_many(
         self, items: Sequence[tuple[bytes, bytes | memoryview]]
@@ -603,7 +610,7 @@ class RedisTier(SecondaryTier):
         frames = [self._frame(k, d) for k, d in items]
 
         async def run(client: Any) -> list[Any]:
-            pipe = client.pipeline() if self.cluster else client.pipeline(transaction=False)
+            pipe = _pipeline(client)
             for rkey, frame in zip(rkeys, frames, strict=True):
                 pipe.set(rkey, frame, px=self._px)
             return list(await pipe.execute(raise_on_error=False))
@@ -641,18 +648,10 @@ class RedisTier(SecondaryTier):
         for rkey in rkeys:
             self._forget(rkey)
         with contextlib.suppress(TieringError):
-            await self._call("drop_corrupted", lambda c: self._delete_each(c, rkeys))
+            await self._call("drop_corrupted", lambda c: self._deployment.delete_many(c, rkeys))
         _log.warning(
             "redis tier %r: dropped %d value(s) that failed verification", self.name, len(rkeys)
         )
-
-    async def _delete_each(self, client: Any, rkeys: list[bytes]) -> int:
-        if not self.cluster:
-            return int(await client.delete(*rkeys))
-        pipe = client.pipeline()
-        for rkey in rkeys:
-            pipe.delete(rkey)
-        return sum(int(x) for x in await pipe.execute())
 
 
 def _driver_info() -> Any:

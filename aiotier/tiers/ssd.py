@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import errno
 import fcntl
-import hashlib
 import logging
 import os
 import stat
@@ -45,14 +44,14 @@ from .._types import MAX_KEY_BYTES, LookupResult, normalize_key
 from ..errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
 from .base import SecondaryTier, TierUsage
 from .framing import (
-    FORMAT_VERSION,
     HEADER,
-    MAGIC,
+    block_digest,
+    check_header,
+    check_payload,
     checksum,
     encode_header,
     frame_size,
     parse_header,
-    verify_payload,
 )
 
 __all__ = ["SSDScan", "SSDTier", "scan_directory"]
@@ -68,10 +67,11 @@ LOCK_NAME: Final = "lock"
 TMP_PREFIX: Final = ".tmp-"
 SHARDS: Final = tuple(f"{i:02x}" for i in range(256))
 
-#: Most blocks and bytes one thread hop carries: enough to amortise the hop (20-65 µs), small
-#: enough that several hops run in parallel and a cancelled caller never waits long. The byte
-#: cap lets a 64-block batch of 1 MiB blocks split evenly over two threads (at 16 MiB it went
-#: 15+15+15+15+4, the last hop running alone: 3.3 -> 4.5 GB/s warm with the cap raised).
+#: Most blocks and bytes one thread hop carries: enough blocks to amortise the hop's fixed
+#: cost, few enough that several hops run in parallel and a cancelled caller never waits long.
+#: The byte cap is at least half of a 64-block batch of 1 MiB blocks, so that such a batch
+#: splits evenly over two threads rather than into cap-sized hops that leave a short last hop
+#: running alone. Measurements: docs/ssd.md ("Threads, hops and speed").
 _HOP_MAX_OPS: Final = 32
 _HOP_MAX_BYTES: Final = 64 << 20
 #: How long a cancelled caller waits for a hop already touching its buffer before giving up.
@@ -87,13 +87,16 @@ _READ_FLAGS: Final = os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW
 _TMP_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC | _O_NOFOLLOW
 
 
-def key_digest(key: bytes) -> bytes:
-    """16 bytes naming ``key`` on disk: collision-resistant, so hostile keys cannot collide."""
-    return hashlib.blake2b(key, digest_size=16).digest()
+#: The digest naming a key's file; kept under this name for callers (``aiotier.bench.ssd``).
+key_digest = block_digest
 
 
 def block_relpath(digest: bytes, size: int) -> str:
-    """Path of a block file relative to the tier directory."""
+    """Path of a block file relative to the tier directory: the only place names are made.
+
+    ``<first byte of the digest>/<digest>-<frame size>.blk``, all in lowercase hex; the scan at
+    :meth:`SSDTier.open` parses them back (``_parse_block_name``).
+    """
     h = digest.hex()
     return f"{h[:2]}/{h}-{size:x}.blk"
 
@@ -182,33 +185,22 @@ def _preadv_nowait(fd: int, views: list[memoryview]) -> int:
 def _verify_block(
     fd: int, path: str, key: bytes, hdr: bytearray, buf: memoryview, got: int, tier_name: str
 ) -> int:
-    """Check a block read as ``hdr`` + ``buf`` (``got`` bytes); drop the file if it is damaged."""
-    payload_len = buf.nbytes
-    if got == len(hdr) + payload_len:  # the common case, checked without allocations
-        magic, version, _flags, key_len, plen, digest = HEADER.unpack_from(hdr)
-        if (
-            magic == MAGIC
-            and version == FORMAT_VERSION
-            and plen == payload_len
-            and key_len == len(key)
-            and hdr[HEADER.size :] == key
-            and checksum(buf) == digest
-        ):
-            return payload_len
-    where = f"ssd tier {tier_name!r} file {path}"
+    """Check a block read as ``hdr`` + ``buf`` (``got`` bytes); drop the file if it is damaged.
+
+    ``buf`` is as long as the payload the file's name promises; a file that holds a complete
+    frame of another length is damaged too.
+    """
     try:
-        if got < len(hdr):
-            raise BlockCorruptedError(f"{where}: file of {got} bytes is shorter than a header")
-        header = parse_header(hdr, where=where)
-        if got != len(hdr) + payload_len:
+        _key_len, payload_len, digest = check_header(hdr, key, got)
+        if payload_len != buf.nbytes:
             raise BlockCorruptedError(
-                f"{where}: key {key[:64]!r}: file holds {got - len(hdr)} payload bytes, "
-                f"expected {payload_len}"
+                f"key {key[:64]!r}: file holds {payload_len} payload bytes, its name says "
+                f"{buf.nbytes}"
             )
-        verify_payload(header, key, buf, where=where)
-    except BlockCorruptedError:
+        check_payload(buf, key, digest)
+    except BlockCorruptedError as exc:
         _drop_file(fd, path)
-        raise
+        raise BlockCorruptedError(f"ssd tier {tier_name!r} file {path}: {exc}") from None
     return payload_len
 
 
@@ -217,10 +209,11 @@ def _read_whole_block(path: str) -> tuple[bytes, bytes] | None:
     try:
         with open(path, "rb", buffering=0) as f:
             blob = f.read()
-        header = parse_header(blob, where=path)
-        payload = memoryview(blob)[header.payload_offset :]
-        verify_payload(header, header.key, payload, where=path)
-        return header.key, bytes(payload)
+        key_len, _payload_len, digest = check_header(blob, None, len(blob))
+        key = blob[HEADER.size : HEADER.size + key_len]
+        payload = blob[HEADER.size + key_len :]
+        check_payload(payload, key, digest)
+        return key, payload
     except (OSError, BlockCorruptedError):
         return None
 
@@ -253,7 +246,8 @@ def _unlink_quiet(path: str) -> None:
 
 
 class _Group:
-    """One future for a batch of ops: futures and callbacks per block cost ~10 µs each."""
+    """One future for a batch of ops: the event loop's cost of a batch must not grow with its
+    blocks (a future and a callback per block cost more than a warm block's read)."""
 
     __slots__ = ("fut", "remaining", "results")
 
@@ -269,8 +263,9 @@ class _Group:
             self.fut.set_result(None)
 
 
-class _Op:
-    """One queued unit of disk work: ``run`` on a tier thread, ``finish`` on the loop.
+class _DiskOp:
+    """One queued unit of the SSD tier's disk work: ``run`` on a tier thread, ``finish`` on
+    the loop.
 
     Reads run in two phases instead (``_ReadOp.start`` / ``complete``, see ``_run_ops``).
     """
@@ -310,7 +305,7 @@ def _resolve(fut: asyncio.Future[Any], outcome: Any) -> None:
         fut.set_result(outcome)
 
 
-def _run_ops(ops: list[_Op]) -> list[Any]:
+def _run_ops(ops: list[_DiskOp]) -> list[Any]:
     """Body of one thread hop: every op in order, each failure kept in its own slot.
 
     A read first takes what the page cache holds (``RWF_NOWAIT``: warm blocks cost one
@@ -365,7 +360,7 @@ class SSDScan:
     seconds: float = 0.0
 
 
-def _read_recency(root: str, consume: bool) -> tuple[list[bytes], int]:
+def _read_recency(root: str, *, consume: bool) -> tuple[list[bytes], int]:
     """Digests in LRU order as saved by the last clean close (oldest first), and the file's
     mtime; ``([], 0)`` when there is none or it does not verify.
 
@@ -416,10 +411,12 @@ def _parse_block_name(name: str, shard: str) -> tuple[bytes, int] | None:
     return digest, size
 
 
-def _scan(
-    root: str, capacity: int | None, repair: bool
+def _index_directory(
+    root: str, capacity: int | None, *, repair: bool
 ) -> tuple[SSDScan, ByteBudgetLRU | None, list[str]]:
-    """Index the block files under ``root`` by recency; remove temporaries and torn files.
+    """Index the block files under ``root`` by recency. With ``repair`` (``SSDTier.open``),
+    remove temporaries, torn files, stale duplicates and blocks over the budget; without
+    (``scan_directory``), change nothing.
 
     One ``stat`` per file and no open: its size against the size in its name finds torn files,
     its mtime gives recency (refined by the ``recency`` file of a clean close). With
@@ -509,7 +506,7 @@ def scan_directory(path: str | os.PathLike[str]) -> SSDScan:
     root = os.fspath(path)
     if not os.path.isdir(root):
         raise ConfigError(f"{root!r} is not a directory")
-    info, _budget, _evicted = _scan(root, None, repair=False)
+    info, _budget, _evicted = _index_directory(root, None, repair=False)
     return info
 
 
@@ -586,7 +583,7 @@ def _open_dir(root: str, capacity: int, tier_name: str) -> _OpenResult:
             for name in os.listdir(root):
                 if name.startswith(TMP_PREFIX):
                     _unlink_quiet(os.path.join(root, name))
-        scan, budget, _evicted = _scan(root, capacity, repair=True)
+        scan, budget, _evicted = _index_directory(root, capacity, repair=True)
         assert budget is not None
         return _OpenResult(root, lock_fd, budget, scan)
     except BaseException:
@@ -645,7 +642,7 @@ class SSDTier(SecondaryTier):
         self._lock_fd: int | None = None
         self._open = False
         self._closing = False
-        self._queue: deque[_Op] = deque()
+        self._queue: deque[_DiskOp] = deque()
         self._flush_scheduled = False
         self._hops = 0
         self._hop_tasks: set[asyncio.Task[None]] = set()
@@ -763,7 +760,7 @@ class SSDTier(SecondaryTier):
 
     # -- the op queue --------------------------------------------------------------------------
 
-    def _enqueue(self, *ops: _Op) -> None:
+    def _enqueue(self, *ops: _DiskOp) -> None:
         self._queue.extend(ops)
         assert self._idle is not None
         self._idle.clear()
@@ -785,7 +782,7 @@ class SSDTier(SecondaryTier):
     def _start_hop(self, max_ops: int) -> bool:
         """Send up to ``max_ops`` queued ops (and ``_HOP_MAX_BYTES``) to a thread in one hop."""
         queue = self._queue
-        batch: list[_Op] = []
+        batch: list[_DiskOp] = []
         nbytes = 0
         limit = min(max_ops, _HOP_MAX_OPS)
         while queue and len(batch) < limit:
@@ -812,7 +809,7 @@ class SSDTier(SecondaryTier):
         if self._hops == 0 and not self._queue and self._idle is not None:
             self._idle.set()
 
-    async def _hop(self, batch: list[_Op]) -> None:
+    async def _hop(self, batch: list[_DiskOp]) -> None:
         outcomes: list[Any]
         try:
             outcomes = await _run_ops_async(batch, executor=self._executor)
@@ -830,7 +827,7 @@ class SSDTier(SecondaryTier):
             self._flush()
         self._maybe_idle()
 
-    async def _submit(self, op: _Op, *, withdrawable: bool) -> Any:
+    async def _submit(self, op: _DiskOp, *, withdrawable: bool) -> Any:
         """Queue ``op`` and await its outcome.
 
         A cancelled caller whose op is already on a thread waits (up to ``_CANCEL_GRACE``) for
@@ -850,7 +847,7 @@ class SSDTier(SecondaryTier):
             await _wait_settled(fut)
             raise
 
-    async def _submit_group(self, ops: Sequence[_Op], *, withdrawable: bool) -> list[Any]:
+    async def _submit_group(self, ops: Sequence[_DiskOp], *, withdrawable: bool) -> list[Any]:
         """Queue ``ops`` under one future; their outcomes in order (same cancellation rule)."""
         assert self._loop is not None
         group = _Group(self._loop.create_future(), len(ops))
@@ -884,8 +881,8 @@ class SSDTier(SecondaryTier):
         return t
 
     def _path(self, digest: bytes, size: int) -> str:
-        h = digest.hex()
-        return f"{self.path}/{h[:2]}/{h}-{size:x}.blk"
+        """Where a block file lives: :func:`block_relpath` under the tier's directory."""
+        return f"{self.path}/{block_relpath(digest, size)}"
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -894,17 +891,17 @@ class SSDTier(SecondaryTier):
 
     async def lookup(self, key: bytes) -> LookupResult:
         self._check_open()
-        return LookupResult.HIT if self._has(key_digest(_as_key(key))) else LookupResult.MISS
+        return LookupResult.HIT if self._has(block_digest(_as_key(key))) else LookupResult.MISS
 
     async def lookup_many(self, keys: Sequence[bytes]) -> list[LookupResult]:
         self._check_open()
         has = self._has
         hit, miss = LookupResult.HIT, LookupResult.MISS
-        return [hit if has(key_digest(_as_key(k))) else miss for k in keys]
+        return [hit if has(block_digest(_as_key(k))) else miss for k in keys]
 
     def _copy_handed(self, key: bytes, buf: memoryview) -> int | None:
         """Serve a block evicted a moment ago from memory (rare: the engine has not taken it)."""
-        digest = key_digest(key)
+        digest = block_digest(key)
         data = self._handed.get(digest)
         if data is None:
             data = self._handed_taken.get(digest)
@@ -920,7 +917,7 @@ class SSDTier(SecondaryTier):
 
     def _read_op(self, key: bytes, buf: memoryview) -> _ReadOp | None:
         key = _as_key(key)
-        digest = key_digest(key)
+        digest = block_digest(key)
         size = self._budget.size_of(digest)
         if size is None:
             size = self._leaving.get(digest)
@@ -1029,15 +1026,7 @@ class SSDTier(SecondaryTier):
 
     def _admit(self, digest: bytes, size: int) -> list[tuple[bytes, int]]:
         """Account a new file of ``size`` bytes; return the (digest, size) evicted for it."""
-        budget = self._budget
-        budget.discard(digest)
-        victims: list[tuple[bytes, int]] = []
-        while budget.used + size > budget.capacity:
-            victim = next(iter(budget))
-            vsize = budget.discard(victim)
-            assert vsize is not None
-            victims.append((victim, vsize))
-        budget.load(digest, size)
+        victims = self._budget.admit_entries(digest, size)  # fits: checked by _check_write
         self.evictions += len(victims)
         return victims
 
@@ -1045,7 +1034,7 @@ class SSDTier(SecondaryTier):
         """Admit one block into the budget and build its write (the digest is already owned)."""
         view = _byte_view(data)
         size = frame_size(key, view.nbytes)
-        digest = key_digest(key)
+        digest = block_digest(key)
         old = self._budget.size_of(digest)
         victims = self._admit(digest, size)
         self._writes += 1
@@ -1073,8 +1062,8 @@ class SSDTier(SecondaryTier):
             tmp,
             old_path,
             unlink,
-            self.handover_evicted,
-            self._next_stamp(),
+            handover=self.handover_evicted,
+            stamp=self._next_stamp(),
         )
         op.leaving = leaving
         op.report = self.report_evicted and not self.handover_evicted
@@ -1105,7 +1094,7 @@ class SSDTier(SecondaryTier):
     async def write(self, key: bytes, data: bytes | memoryview) -> None:
         self._check_open()
         key = self._check_write(key, data)
-        digest = key_digest(key)
+        digest = block_digest(key)
         await self._acquire((digest,))
         try:
             op = self._write_op(key, data)
@@ -1130,7 +1119,7 @@ class SSDTier(SecondaryTier):
                 keys.append(None)
                 continue
             keys.append(key)
-            last[key_digest(key)] = i  # an earlier write of the same key is superseded
+            last[block_digest(key)] = i  # an earlier write of the same key is superseded
         if not last:
             return out
         digests = list(last)
@@ -1199,7 +1188,7 @@ class SSDTier(SecondaryTier):
         if not evicted or not self.handover_evicted:
             return
         for key, data in evicted:
-            digest = key_digest(key)
+            digest = block_digest(key)
             if digest in self._leaving or (op.skip and digest == op.digest):
                 # still ours to hand over: neither removed nor written again meanwhile
                 self._evicted.append((key, data))
@@ -1208,14 +1197,14 @@ class SSDTier(SecondaryTier):
         while self._evicted_bytes > _HANDOVER_MAX_BYTES and self._evicted:
             key, data = self._evicted.popleft()
             self._evicted_bytes -= len(data)
-            digest = key_digest(key)
+            digest = block_digest(key)
             if self._handed.get(digest) is data:
                 del self._handed[digest]
 
     def _note_evicted(self, keys: Iterable[bytes]) -> None:
         """Remember evicted keys for removed events, unless written here again meanwhile."""
         budget = self._budget
-        self._evicted_keys.extend(k for k in keys if key_digest(k) not in budget)
+        self._evicted_keys.extend(k for k in keys if block_digest(k) not in budget)
 
     def take_evicted_keys(self) -> list[bytes]:
         out = list(self._evicted_keys)
@@ -1232,7 +1221,7 @@ class SSDTier(SecondaryTier):
     async def remove(self, key: bytes) -> bool:
         self._check_open()
         key = _as_key(key)
-        digest = key_digest(key)
+        digest = block_digest(key)
         await self._acquire((digest,))
         in_transit = digest in self._leaving or digest in self._handed
         if in_transit:
@@ -1246,7 +1235,7 @@ class SSDTier(SecondaryTier):
 
     def contains_hint(self, key: bytes) -> bool | None:
         """Exact: the index in memory is the truth about what is on disk."""
-        return self._has(key_digest(_as_key(key)))
+        return self._has(block_digest(_as_key(key)))
 
     def usage(self) -> TierUsage:
         return TierUsage(len(self._budget), self._budget.used, self._budget.capacity)
@@ -1255,7 +1244,7 @@ class SSDTier(SecondaryTier):
 # -- ops ----------------------------------------------------------------------------------------
 
 
-class _ReadOp(_Op):
+class _ReadOp(_DiskOp):
     __slots__ = (
         "buf",
         "digest",
@@ -1298,8 +1287,8 @@ class _ReadOp(_Op):
     def start(self) -> int | None:
         """Open and read what the page cache holds: the outcome, or None if the disk is needed.
 
-        No ``utime`` on reads: it dirties the inode (~8 µs, a journal write) on every promotion;
-        read recency survives a clean restart through the recency file instead.
+        No ``utime`` on reads: it dirties the inode (a journal write) on every promotion; read
+        recency survives a clean restart through the recency file instead.
         """
         self.path = self.tier._path(self.digest, self.size)
         fd = _open_for_read(self.path)
@@ -1336,7 +1325,7 @@ class _ReadOp(_Op):
         self.tier._read_finished(self, outcome)
 
 
-class _WriteOp(_Op):
+class _WriteOp(_DiskOp):
     __slots__ = (
         "data",
         "digest",
@@ -1365,6 +1354,7 @@ class _WriteOp(_Op):
         tmp: str,
         old_path: str | None,
         unlink: list[str],
+        *,
         handover: bool,
         stamp: int,
     ) -> None:
@@ -1448,10 +1438,12 @@ class _WriteOp(_Op):
         self.tier._write_finished(self, outcome)
 
 
-class _UnlinkOp(_Op):
+class _UnlinkOp(_DiskOp):
     __slots__ = ("digest", "path", "then", "tier")
 
-    def __init__(self, tier: SSDTier, path: str, digest: bytes, *, then: _Op | None = None) -> None:
+    def __init__(
+        self, tier: SSDTier, path: str, digest: bytes, *, then: _DiskOp | None = None
+    ) -> None:
         super().__init__(0)
         self.tier = tier
         self.path = path

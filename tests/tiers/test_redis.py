@@ -116,6 +116,18 @@ async def test_keys_are_namespace_and_hash(tier: RedisTier, raw: redis_asyncio.R
     assert len(stored[0]) == len(b"aiotier:") + 32
 
 
+async def test_redis_key_names_are_pinned(redis_url: str, raw: redis_asyncio.Redis) -> None:
+    """Blocks written by earlier versions stay readable: ``namespace:`` + BLAKE2b-128 in hex."""
+    tier = RedisTier(redis_url, namespace="fleet-a")
+    await tier.open()
+    try:
+        await tier.write(b"abc", b"v")
+        assert await raw.keys("*") == [b"fleet-a:cf4ab791c62b8d2b2109c90275287816"]
+        assert tier.redis_key(b"") == b"fleet-a:cae66941d9efbd404e4d88758ea67670"
+    finally:
+        await tier.aclose()
+
+
 async def test_usage_tracks_what_this_tier_wrote(tier: RedisTier) -> None:
     assert tier.usage().blocks == 0
     await tier.write(b"a", b"1" * 10)
@@ -381,6 +393,50 @@ async def test_batched_read_reports_each_key_in_place(
         assert bytes(out[:4]) == b"fine"
     finally:
         await tier.aclose()
+
+
+async def test_both_read_paths_report_the_same_outcomes(
+    redis_url: str, raw: redis_asyncio.Redis
+) -> None:
+    """redis-py's reply and the zero-copy reader go through one post-processing step."""
+    fast, slow = RedisTier(redis_url), RedisTier(redis_url, fast_reads=False)
+    await fast.open()
+    await slow.open()
+    try:
+        keys = [b"good", b"absent", b"flip", b"big", b"alien", b"short"]
+
+        async def damage() -> None:
+            await fast.write_many([(b"good", b"fine"), (b"big", os.urandom(300_000))])
+            bad = bytearray(good_frame(b"flip", b"x" * 70_000))
+            bad[-5] ^= 1
+            await raw.set(fast.redis_key(b"flip"), bytes(bad))
+            await raw.set(fast.redis_key(b"alien"), good_frame(b"someone-else", b"x"))
+            await raw.set(fast.redis_key(b"short"), b"ATBK")
+
+        seen = []
+        for tier in (fast, slow):
+            await damage()
+            results = await tier.read_many_into(keys, [buf(100_000) for _ in keys])
+            seen.append([r if isinstance(r, int) else (type(r), str(r)) for r in results])
+            dropped = [tier.redis_key(k) for k in (b"flip", b"alien", b"short")]
+            assert await raw.exists(*dropped) == 0
+        assert seen[0] == seen[1]
+        assert seen[0][:2] == [4, -1]
+        assert seen[0][3] == (
+            ValueError,
+            "redis tier 'redis': block b'big' is 300000 bytes, buffer holds 100000",
+        )
+        assert seen[0][5] == (
+            BlockCorruptedError,
+            "redis tier 'redis': frame of 4 bytes is shorter than a header",
+        )
+        assert seen[0][4] == (
+            BlockCorruptedError,
+            "redis tier 'redis': frame holds a key of 12 bytes, not b'alien'",
+        )
+    finally:
+        await fast.aclose()
+        await slow.aclose()
 
 
 async def test_64_key_write_many_is_one_pipeline(tier: RedisTier, sends: list[int]) -> None:

@@ -1,4 +1,8 @@
-"""The fast MGET reader's parser, fed replies in arbitrary pieces (no server needed)."""
+"""The fast MGET reader's protocol adapter, fed replies in arbitrary pieces (no server needed).
+
+The parser itself is tested without an event loop in ``test_resp_parser.py``; these tests drive
+it through :class:`asyncio.BufferedProtocol` callbacks, as a transport does.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiotier.errors import BlockCorruptedError
-from aiotier.tiers._resp import _MgetProtocol, _pack, _RespError
+from aiotier.tiers._resp import _MgetProtocol
+from aiotier.tiers._resp_parser import RespError, pack_command
 from aiotier.tiers.framing import encode_header
 
 
@@ -61,7 +66,7 @@ async def mget(
     reply: bytes,
     sizes: list[int],
 ) -> list[Any]:
-    task = asyncio.ensure_future(proto.mget(_pack(b"MGET", *keys), keys, bufs))
+    task = asyncio.ensure_future(proto.mget(pack_command(b"MGET", *keys), keys, bufs))
     await asyncio.sleep(0)
     feed(proto, reply, sizes)
     return await asyncio.wait_for(task, 5)
@@ -150,7 +155,7 @@ async def test_one_byte_at_a_time() -> None:
 
 async def test_error_reply_raises_and_keeps_the_connection_usable() -> None:
     proto, transport = connected()
-    with pytest.raises(_RespError, match="NOPERM"):
+    with pytest.raises(RespError, match="NOPERM"):
         await mget(proto, [b"k"], [memoryview(bytearray(8))], b"-NOPERM no mget\r\n", [100])
     payload = os.urandom(10)
     out = memoryview(bytearray(16))
@@ -162,7 +167,7 @@ async def test_error_reply_raises_and_keeps_the_connection_usable() -> None:
 async def test_protocol_violation_aborts_the_connection() -> None:
     proto, transport = connected()
     task = asyncio.ensure_future(
-        proto.mget(_pack(b"MGET", b"k"), [b"k"], [memoryview(bytearray(8))])
+        proto.mget(pack_command(b"MGET", b"k"), [b"k"], [memoryview(bytearray(8))])
     )
     await asyncio.sleep(0)
     feed(proto, b"+OK\r\n", [100])
@@ -174,7 +179,7 @@ async def test_protocol_violation_aborts_the_connection() -> None:
 async def test_connection_lost_mid_reply_fails_the_request() -> None:
     proto, _t = connected()
     buf = memoryview(bytearray(100_000))
-    task = asyncio.ensure_future(proto.mget(_pack(b"MGET", b"k"), [b"k"], [buf]))
+    task = asyncio.ensure_future(proto.mget(pack_command(b"MGET", b"k"), [b"k"], [buf]))
     await asyncio.sleep(0)
     feed(proto, (b"*1\r\n" + bulk(frame(b"k", b"q" * 90_000)))[:50_000], [4096])
     proto.connection_lost(None)
@@ -185,7 +190,7 @@ async def test_connection_lost_mid_reply_fails_the_request() -> None:
 async def test_abort_stops_writes_to_the_destination() -> None:
     proto, transport = connected()
     buf = memoryview(bytearray(100_000))
-    task = asyncio.ensure_future(proto.mget(_pack(b"MGET", b"k"), [b"k"], [buf]))
+    task = asyncio.ensure_future(proto.mget(pack_command(b"MGET", b"k"), [b"k"], [buf]))
     await asyncio.sleep(0)
     data = b"*1\r\n" + bulk(frame(b"k", b"q" * 90_000))
     feed(proto, data[:50_000], [4096])

@@ -139,6 +139,24 @@ async def test_file_carries_the_shared_frame(tier: SSDTier, root: Path) -> None:
     assert stat.S_IMODE(f.stat().st_mode) == 0o600
 
 
+async def test_file_names_are_pinned(tier: SSDTier, root: Path) -> None:
+    """Existing directories stay readable: a block's name is BLAKE2b-128 of its key, in hex,
+    and the frame's size in hex (here 24 + 3 + 1 bytes)."""
+    await tier.write(b"abc", b"v")
+    assert block_files(root) == [root / "cf" / "cf4ab791c62b8d2b2109c90275287816-1c.blk"]
+    assert block_relpath(key_digest(b"abc"), 28) == "cf/cf4ab791c62b8d2b2109c90275287816-1c.blk"
+
+
+@pytest.mark.parametrize("size", [HEADER.size, 28, 0x10_0000, (1 << 40) + 3])
+def test_block_names_parse_back_to_digest_and_size(size: int) -> None:
+    from aiotier.tiers.ssd import _parse_block_name
+
+    digest = key_digest(b"key-%d" % size)
+    shard, name = block_relpath(digest, size).split("/")
+    assert shard == digest.hex()[:2]
+    assert _parse_block_name(name, shard) == (digest, size)
+
+
 async def test_read_many_into_one_bad_block_does_not_fail_its_neighbours(
     tier: SSDTier, root: Path
 ) -> None:
