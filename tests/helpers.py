@@ -6,6 +6,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from aiotier import MemoryTier
+
 
 async def eventually(cond: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
     """Poll ``cond`` until it is true; fail after ``timeout`` seconds."""
@@ -22,3 +24,16 @@ def aiotier_tasks(kind: str = "") -> list[asyncio.Task[object]]:
     ``aiotier-<kind>-...``."""
     prefix = f"aiotier-{kind}"
     return [t for t in asyncio.all_tasks() if t.get_name().startswith(prefix) and not t.done()]
+
+
+def block(i: int, size: int = 64) -> bytes:
+    """Block ``i``'s bytes: ``size`` copies of ``i % 256``."""
+    return bytes([i % 256]) * size
+
+
+async def seeded(n: int, name: str = "memory", capacity: int = 1 << 20) -> MemoryTier:
+    """A ``MemoryTier`` holding ``k0`` … ``k{n-1}`` (each ``block(i)``)."""
+    tier = MemoryTier(capacity, name=name)
+    for i in range(n):
+        await tier.write(b"k%d" % i, block(i))
+    return tier

@@ -4,8 +4,9 @@ A slow-path lookup is a :class:`LookupScan`: :meth:`Promotions.begin` answers wh
 knows; the engine then asks each secondary tier in order about the keys still open
 (:meth:`Promotions.ask` names them, :meth:`Promotions.answered` takes the answers); and
 :meth:`Promotions.finish` reserves primary slots for what the tiers have and returns the reads
-to perform as :class:`PromotionBatch` records, one per tier. When a batch's read ends,
-:meth:`Promotions.completed` settles every key of it in one pass.
+to perform as :class:`PromotionBatch` records, one per tier. The engine may read several
+batches of one tier at once; when that read ends, :meth:`Promotions.completed` settles every
+key of them, one pass per batch.
 
 Slots are reserved synchronously (state PROMOTING, pinned by the read), so a second lookup of
 the key, from any request, sees the promotion in flight and answers RETRY instead of starting

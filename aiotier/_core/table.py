@@ -71,9 +71,6 @@ class BlockTable:
 
     # -- questions -----------------------------------------------------------------------------
 
-    def evictable(self, slot: int) -> bool:
-        return self.state[slot] == READY and self.pins[slot] == 0
-
     def ready_slot(self, key: bytes) -> int | None:
         """The slot of ``key`` if it is loadable now."""
         slot = self.index.get(key)

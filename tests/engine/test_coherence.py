@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-from helpers import eventually
+from helpers import block, eventually, seeded
 
 from aiotier import (
     LookupResult,
@@ -23,15 +23,6 @@ from aiotier.testing import FaultyTier
 HIT, MISS, RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY
 R1, R2 = RequestContext("r1"), RequestContext("r2")
 
-
-def block(i: int, size: int = 64) -> bytes:
-    return bytes([i % 256]) * size
-
-async def seeded(n: int, name: str = "memory", capacity: int = 1 << 20) -> MemoryTier:
-    tier = MemoryTier(capacity, name=name)
-    for i in range(n):
-        await tier.write(b"k%d" % i, block(i))
-    return tier
 
 
 async def test_aclose_keeps_a_put_whose_old_copy_is_being_removed() -> None:

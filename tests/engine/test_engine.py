@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from helpers import aiotier_tasks, eventually
+from helpers import aiotier_tasks, block, eventually, seeded
 
 from aiotier import (
     BlockNotReadyError,
@@ -23,15 +23,6 @@ HIT, MISS, RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY
 R1, R2 = RequestContext("r1"), RequestContext("r2")
 
 
-def block(i: int, size: int = 64) -> bytes:
-    return bytes([i % 256]) * size
-
-
-async def seeded_tier(n: int, name: str = "memory") -> MemoryTier:
-    tier = MemoryTier(1 << 20, name=name)
-    for i in range(n):
-        await tier.write(b"k%d" % i, block(i))
-    return tier
 
 
 def counter(engine: TieringEngine, *key: str) -> int:
@@ -51,7 +42,7 @@ async def test_put_then_lookup_hits_and_str_equals_bytes() -> None:
 
 
 async def test_block_below_primary_is_promoted_then_hits() -> None:
-    tier = FaultyTier(await seeded_tier(4))
+    tier = FaultyTier(await seeded(4))
     async with TieringEngine(PrimaryTier(4, 64), [tier]) as e:
         assert await e.lookup("k1", R1) is RETRY
         assert await e.wait(["k1"]) == [HIT]
@@ -66,7 +57,7 @@ async def test_block_below_primary_is_promoted_then_hits() -> None:
 
 
 async def test_concurrent_lookups_share_one_promotion() -> None:
-    tier = FaultyTier(await seeded_tier(2)).delay("read", 0.05)
+    tier = FaultyTier(await seeded(2)).delay("read", 0.05)
     async with TieringEngine(PrimaryTier(4, 64), [tier]) as e:
         answers = await asyncio.gather(
             e.lookup("k0", R1), e.lookup("k0", R2), e.lookup("k0"), e.get("k0")
@@ -78,7 +69,7 @@ async def test_concurrent_lookups_share_one_promotion() -> None:
 
 
 async def test_exclude_tier_by_name_or_object() -> None:
-    tier = await seeded_tier(1)
+    tier = await seeded(1)
     async with TieringEngine(PrimaryTier(4, 64), [tier]) as e:
         assert await e.lookup("k0", exclude_tier="memory") is MISS
         assert await e.lookup("k0", exclude_tier=tier) is MISS
@@ -88,7 +79,7 @@ async def test_exclude_tier_by_name_or_object() -> None:
 
 
 async def test_failed_promotion_becomes_miss_and_backs_off() -> None:
-    tier = FaultyTier(await seeded_tier(2)).fail("read")
+    tier = FaultyTier(await seeded(2)).fail("read")
     async with TieringEngine(PrimaryTier(4, 64), [tier], backoff_seconds=30) as e:
         assert await e.lookup("k0", R1) is RETRY
         assert await e.wait(["k0"]) == [MISS]
@@ -104,7 +95,7 @@ async def test_failed_promotion_becomes_miss_and_backs_off() -> None:
 
 
 async def test_promotion_timeout_becomes_miss() -> None:
-    tier = FaultyTier(await seeded_tier(1)).hang("read")
+    tier = FaultyTier(await seeded(1)).hang("read")
     async with TieringEngine(PrimaryTier(4, 64), [tier], promotion_timeout=0.1) as e:
         assert await e.lookup("k0", R1) is RETRY
         assert await e.wait(["k0"], timeout=5) == [MISS]
@@ -115,7 +106,7 @@ async def test_promotion_timeout_becomes_miss() -> None:
 
 @pytest.mark.parametrize("fault", ["fail", "hang"])
 async def test_tier_lookup_fault_is_a_counted_miss(fault: str) -> None:
-    tier = FaultyTier(await seeded_tier(1))
+    tier = FaultyTier(await seeded(1))
     getattr(tier, fault)("lookup")
     async with TieringEngine(PrimaryTier(4, 64), [tier], promotion_timeout=0.1) as e:
         assert await e.lookup("k0", R1) is MISS
@@ -125,7 +116,7 @@ async def test_tier_lookup_fault_is_a_counted_miss(fault: str) -> None:
 
 
 async def test_promoted_block_is_pinned_for_its_request_until_loaded() -> None:
-    tier = await seeded_tier(2)
+    tier = await seeded(2)
     async with TieringEngine(PrimaryTier(2, 64), [tier]) as e:
         assert await e.lookup("k0", R1) is RETRY
         await e.wait(["k0"])
@@ -141,7 +132,7 @@ async def test_promoted_block_is_pinned_for_its_request_until_loaded() -> None:
 
 
 async def test_finished_request_releases_its_pins() -> None:
-    tier = await seeded_tier(2)
+    tier = await seeded(2)
     async with TieringEngine(PrimaryTier(2, 64), [tier]) as e:
         assert await e.lookup_prefix(["k0", "k1"], R1) is None
         await e.wait(["k0", "k1"])
@@ -154,7 +145,7 @@ async def test_finished_request_releases_its_pins() -> None:
 
 
 async def test_anonymous_promotion_pins_last_until_next_step() -> None:
-    tier = await seeded_tier(1)
+    tier = await seeded(1)
     async with TieringEngine(PrimaryTier(1, 64), [tier]) as e:
         assert await e.lookup("k0") is RETRY
         await e.wait(["k0"])
@@ -164,7 +155,7 @@ async def test_anonymous_promotion_pins_last_until_next_step() -> None:
 
 
 async def test_request_pins_expire_after_pin_steps() -> None:
-    tier = await seeded_tier(1)
+    tier = await seeded(1)
     async with TieringEngine(PrimaryTier(1, 64), [tier], pin_steps=2) as e:
         assert await e.lookup("k0", R1) is RETRY
         await e.wait(["k0"])
@@ -213,7 +204,7 @@ async def test_pending_store_is_retry_then_miss_after_timeout() -> None:
 
 
 async def test_wait_times_out() -> None:
-    tier = FaultyTier(await seeded_tier(1)).delay("read", 1.0)
+    tier = FaultyTier(await seeded(1)).delay("read", 1.0)
     async with TieringEngine(PrimaryTier(2, 64), [tier]) as e:
         assert await e.lookup("k0") is RETRY
         with pytest.raises(TimeoutError):
@@ -256,7 +247,7 @@ async def test_aclose_writes_down_primary_only_blocks(tmp_path: object) -> None:
 
 
 async def test_put_replaces_everywhere() -> None:
-    tier = await seeded_tier(1)  # k0 holds block(0) below
+    tier = await seeded(1)  # k0 holds block(0) below
     async with TieringEngine(PrimaryTier(1, 64), [tier]) as e:
         assert await e.put("k0", b"new")
         await e.flush()
@@ -269,7 +260,7 @@ async def test_put_replaces_everywhere() -> None:
 async def test_immutable_keys_keep_copies_below_and_skip_rewriting_them() -> None:
     """Content-addressed keys: a put of a key a tier holds neither removes that copy (another
     engine sharing the tier may read it) nor writes it back again on eviction."""
-    tier = FaultyTier(await seeded_tier(1))  # k0 holds block(0) below
+    tier = FaultyTier(await seeded(1))  # k0 holds block(0) below
     async with TieringEngine(PrimaryTier(1, 64), [tier], immutable_keys=True) as e:
         assert await e.put("k0", block(0))
         await e.flush()
@@ -329,7 +320,7 @@ async def test_delete_of_a_pending_store_frees_it_when_the_request_finishes() ->
 
 
 async def test_delete_removes_from_every_tier() -> None:
-    t1, t2 = await seeded_tier(1, "m1"), await seeded_tier(1, "m2")
+    t1, t2 = await seeded(1, "m1"), await seeded(1, "m2")
     async with TieringEngine(PrimaryTier(2, 64), [t1, t2]) as e:
         assert await e.put("k0", b"p")
         assert await e.delete("k0")
@@ -375,7 +366,7 @@ async def test_evictions_cascade_down_the_tiers() -> None:
 
 
 async def test_lookup_prefix_counts_hits_and_starts_later_promotions() -> None:
-    tier = await seeded_tier(8)
+    tier = await seeded(8)
     async with TieringEngine(PrimaryTier(8, 64), [tier]) as e:
         assert await e.put("p0", b"0")
         assert await e.put("p1", b"1")
@@ -388,7 +379,7 @@ async def test_lookup_prefix_counts_hits_and_starts_later_promotions() -> None:
 
 
 async def test_promotions_in_flight_are_bounded() -> None:
-    tier = FaultyTier(await seeded_tier(10)).delay("read", 0.05)
+    tier = FaultyTier(await seeded(10)).delay("read", 0.05)
     async with TieringEngine(PrimaryTier(16, 64), [tier], max_inflight_promotions=4) as e:
         assert await e.lookup_prefix([f"k{i}" for i in range(10)], R1) is None
         assert e.stats().promotions_in_flight == 4
@@ -397,7 +388,7 @@ async def test_promotions_in_flight_are_bounded() -> None:
 
 
 async def test_aclose_mid_promotion_leaks_nothing() -> None:
-    tier = FaultyTier(await seeded_tier(4)).hang("read")
+    tier = FaultyTier(await seeded(4)).hang("read")
     e = TieringEngine(PrimaryTier(4, 64), [tier], promotion_timeout=30)
     async with e:
         assert await e.lookup_prefix(["k0", "k1"], R1) is None

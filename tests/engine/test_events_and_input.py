@@ -6,6 +6,7 @@ from __future__ import annotations
 import array
 
 import pytest
+from helpers import block, seeded
 
 from aiotier import (
     LookupResult,
@@ -18,15 +19,6 @@ from aiotier import (
 HIT, MISS, RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY
 R1, R2 = RequestContext("r1"), RequestContext("r2")
 
-
-def block(i: int, size: int = 64) -> bytes:
-    return bytes([i % 256]) * size
-
-async def seeded(n: int, name: str = "memory", capacity: int = 1 << 20) -> MemoryTier:
-    tier = MemoryTier(capacity, name=name)
-    for i in range(n):
-        await tier.write(b"k%d" % i, block(i))
-    return tier
 
 
 async def test_delete_of_a_block_below_emits_a_removed_event() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from helpers import eventually
+from helpers import block, eventually, seeded
 
 from aiotier import (
     BlockNotReadyError,
@@ -22,15 +22,6 @@ from aiotier.testing import FaultyTier
 HIT, MISS, RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY
 R1, R2 = RequestContext("r1"), RequestContext("r2")
 
-
-def block(i: int, size: int = 64) -> bytes:
-    return bytes([i % 256]) * size
-
-async def seeded(n: int, name: str = "memory", capacity: int = 1 << 20) -> MemoryTier:
-    tier = MemoryTier(capacity, name=name)
-    for i in range(n):
-        await tier.write(b"k%d" % i, block(i))
-    return tier
 
 
 async def test_concurrent_gets_leave_no_pin() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from helpers import aiotier_tasks, eventually
+from helpers import aiotier_tasks, block, eventually, seeded
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -23,15 +23,6 @@ from aiotier.testing import FaultyTier, MetricsProbe
 HIT, MISS, RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY
 R1, R2 = RequestContext("r1"), RequestContext("r2")
 
-
-def block(i: int, size: int = 64) -> bytes:
-    return bytes([i % 256]) * size
-
-async def seeded(n: int, name: str = "memory", capacity: int = 1 << 20) -> MemoryTier:
-    tier = MemoryTier(capacity, name=name)
-    for i in range(n):
-        await tier.write(b"k%d" % i, block(i))
-    return tier
 
 
 @pytest.fixture
