@@ -19,6 +19,7 @@ __all__ = [
 ]
 
 MAX_KEY_BYTES = 1024
+_BYTES = {bytes}
 
 
 class LookupResult(enum.Enum):
@@ -96,6 +97,10 @@ def normalize_keys(keys: Iterable[object]) -> list[bytes]:
     """Normalise every key, or raise before anything is done with any of them."""
     if isinstance(keys, str | bytes):
         raise TypeError("keys must be an iterable of keys, not a single str or bytes key")
+    if (keys.__class__ is list or keys.__class__ is tuple) and (
+        not keys or (set(map(type, keys)) == _BYTES and max(map(len, keys)) <= MAX_KEY_BYTES)
+    ):  # every key is a short bytes (checked in C): nothing to convert
+        return list(keys)
     limit = MAX_KEY_BYTES
     return [
         k if k.__class__ is bytes and len(k) <= limit else normalize_key(k)

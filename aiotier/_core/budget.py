@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 __all__ = ["ByteBudgetLRU"]
 
@@ -60,6 +60,14 @@ class ByteBudgetLRU:
     def touch(self, key: bytes) -> None:
         if key in self._entries:
             self._entries.move_to_end(key)
+
+    def touch_many(self, keys: Iterable[bytes]) -> None:
+        """:meth:`touch` of each key, in order."""
+        entries = self._entries
+        move = entries.move_to_end
+        for key in keys:
+            if key in entries:
+                move(key)
 
     def discard(self, key: bytes) -> int | None:
         """Forget ``key``; return its size, or None if it was not tracked."""

@@ -101,14 +101,12 @@ class InflightTable:
             return
         waiters, holders = self._waiters, self._holders
         if waiters:
-            for k in keys:
-                woken = waiters.pop(k, None)
-                if woken is not None:
-                    for wake in woken:
-                        wake()
+            for k in waiters.keys() & keys:
+                for wake in waiters.pop(k):
+                    wake()
         if holders:
-            for k in keys:
-                holders.pop(k, None)
+            for k in holders.keys() & keys:
+                del holders[k]
 
     def waiting_keys(self) -> list[bytes]:
         """Keys someone waits for or an anonymous deferral counts on (settled at close)."""

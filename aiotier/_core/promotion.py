@@ -140,6 +140,10 @@ class Promotions:
         results, protected, need = scan.results, scan.protected, scan.need
         index, state = core.table.index, core.table.state
         demoting = core.coherence.demoting
+        if index.keys().isdisjoint(keys) and demoting.keys().isdisjoint(keys):
+            scan.need = scan.open = list(range(len(keys)))  # none is here: ask the tiers
+            stats.primary_miss += len(keys)
+            return scan
         joined: list[bytes] = []  # keys whose promotion is in flight: RETRY, and held
         joined_slots: list[int] = []
         others: list[int] = []  # pending stores and bytes on their way down

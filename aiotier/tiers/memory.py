@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .._core.budget import ByteBudgetLRU
+from .._core.gather import gather
 from .._types import LookupResult
 from .base import SecondaryTier, TierUsage
 
@@ -55,6 +56,18 @@ class MemoryTier(SecondaryTier):
         """Copy each block into its buffer: its length, -1 when absent, or a ``ValueError``
         when it does not fit. Nothing here suspends, so a batch is one loop."""
         data, evicted, touch = self._data, self._evicted, self._budget.touch
+        if not evicted and bufs:
+            try:
+                blobs = gather(data, keys)
+            except KeyError:
+                pass  # some are absent: one at a time below
+            else:
+                lengths = list(map(len, blobs))
+                if max(lengths) <= min(map(len, bufs)):  # every block fits its buffer
+                    for buf, blob, n in zip(bufs, blobs, lengths, strict=True):
+                        buf[:n] = blob
+                    self._budget.touch_many(keys)
+                    return lengths  # type: ignore[return-value]
         out: list[int | Exception] = []
         for key, buf in zip(keys, bufs, strict=True):
             blob = data.get(key)
