@@ -373,7 +373,7 @@ class EngineCore:
             if success:
                 self.arena.set_length(slot, n)
                 table.mark_ready(slot, clean=False)
-                table.touch(slot)
+                table.refresh(slot)  # a first use: ARC keeps it among the blocks seen once
                 stored.append(k)
             else:
                 table.detach(slot)

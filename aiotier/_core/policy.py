@@ -43,7 +43,11 @@ class EvictionPolicy(ABC):
 
     @abstractmethod
     def touch(self, slot: int) -> None:
-        """``slot`` was used."""
+        """``slot`` was used (again)."""
+
+    def refresh(self, slot: int) -> None:  # noqa: B027 - optional hook
+        """The first use of ``slot``'s block completes now (its store finished): the most
+        recent in its place, without counting as a further use (ARC keeps it in T1)."""
 
     @abstractmethod
     def remove(self, slot: int) -> None:
@@ -120,6 +124,8 @@ class LRUPolicy(EvictionPolicy):
         if self._next[slot] != self._nil and self._prev[self._sentinel] != slot:
             self._unlink(slot)
             self._link_mru(slot)
+
+    refresh = touch  # recency is all LRU knows
 
     def remove(self, slot: int) -> None:
         if self._next[slot] != self._nil:
@@ -211,6 +217,12 @@ class ARCPolicy(EvictionPolicy):
         key = self._t1.pop(slot, None)
         if key is not None:
             self._t2[slot] = key
+        elif slot in self._t2:
+            self._t2.move_to_end(slot)
+
+    def refresh(self, slot: int) -> None:
+        if slot in self._t1:
+            self._t1.move_to_end(slot)
         elif slot in self._t2:
             self._t2.move_to_end(slot)
 

@@ -181,6 +181,10 @@ class BlockTable:
         """The block in ``slot`` was used (for the eviction policy)."""
         self.policy.touch(slot)
 
+    def refresh(self, slot: int) -> None:
+        """The block in ``slot`` was just stored: its first use, not a further one."""
+        self.policy.refresh(slot)
+
     def release(self, slot: int) -> None:
         """Return ``slot`` to the free list now."""
         k = self.keys[slot]
