@@ -13,6 +13,7 @@ try:
 except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
+from ._core.admission import AdmissionPolicy, AdmitAfter, AdmitAll, AdmitTinyLFU
 from ._types import (
     BlockEvent,
     LoadSpec,
@@ -36,6 +37,10 @@ from .tiers.redis import RedisTier  # redis-py is imported only when a RedisTier
 from .tiers.ssd import SSDTier
 
 __all__ = [
+    "AdmissionPolicy",
+    "AdmitAfter",
+    "AdmitAll",
+    "AdmitTinyLFU",
     "BlockCorruptedError",
     "BlockEvent",
     "BlockNotReadyError",

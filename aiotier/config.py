@@ -6,6 +6,9 @@ The shape (TOML shown; a dict of the same shape works)::
     write_policy = "write_back"
     promotion_timeout = 5.0
 
+    [engine.admission]          # per tier: "all" (the default), "after:N" or "tinylfu"
+    ssd = "after:2"
+
     [primary]
     num_blocks = 512
     block_size = 65536
@@ -25,7 +28,8 @@ The shape (TOML shown; a dict of the same shape works)::
     url = "redis://cache:6379/0"
     namespace = "model-a"
 
-Every error names the field that was wrong, e.g. ``tiers[1].capacity_bytes``.
+Every error names the field that was wrong, e.g. ``tiers[1].capacity_bytes``. In the
+environment, ``AIOTIER_ENGINE_ADMISSION="ssd=after:2,primary=tinylfu"`` gives the admission table.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any
 
+from ._core.admission import AdmissionPolicy, parse_admission
 from .engine import TieringEngine
 from .errors import ConfigError
 from .tiers.base import SecondaryTier
@@ -110,6 +115,27 @@ def _tier(where: str, spec: Mapping[str, Any]) -> SecondaryTier:
         raise ConfigError(f"{where}: {exc}") from exc
 
 
+def _admission(where: str, spec: Any) -> dict[str, AdmissionPolicy]:
+    """``{tier: policy}`` from a table of policy strings, or a ``tier=policy,...`` string."""
+    if isinstance(spec, str):
+        table: dict[str, Any] = {}
+        for item in filter(None, (part.strip() for part in spec.split(","))):
+            tier, sep, policy = item.partition("=")
+            if not sep:
+                raise ConfigError(f"{where}: expected tier=policy items, got {item!r}")
+            table[tier.strip()] = policy
+        spec = table
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"{where}: expected a table of tier = policy, got {spec!r}")
+    out = {}
+    for tier, policy in spec.items():
+        try:
+            out[tier] = parse_admission(policy)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}.{tier}: {exc}") from None
+    return out
+
+
 def engine_from_config(config: Mapping[str, Any], **overrides: Any) -> TieringEngine:
     """An engine (not yet open) from a mapping shaped like the module docstring."""
     if not isinstance(config, Mapping):
@@ -124,7 +150,14 @@ def engine_from_config(config: Mapping[str, Any], **overrides: Any) -> TieringEn
     tiers_spec = config.get("tiers", [])
     if not isinstance(tiers_spec, list):
         raise ConfigError("tiers: expected an array of tables")
-    engine_args = _fields("engine", config.get("engine", {}), _ENGINE_FIELDS)
+    engine_table = config.get("engine", {})
+    admission = None
+    if isinstance(engine_table, Mapping) and "admission" in engine_table:
+        engine_table = dict(engine_table)
+        admission = _admission("engine.admission", engine_table.pop("admission"))
+    engine_args = _fields("engine", engine_table, _ENGINE_FIELDS)
+    if admission is not None:
+        engine_args["admission"] = admission
     engine_args.update(overrides)
     primary = PrimaryTier(**primary_args)
     tiers = [_tier(f"tiers[{i}]", spec) for i, spec in enumerate(tiers_spec)]

@@ -19,6 +19,7 @@ from typing import Final, Literal
 
 from opentelemetry.metrics import MeterProvider
 
+from ._core.admission import AdmissionPolicy
 from ._core.engine_core import EngineCore
 from ._core.requests import RequestState
 from ._core.table import READY
@@ -92,6 +93,7 @@ class TieringEngine:
         max_pending_write_bytes: int | None = None,
         open_timeout: float = 300.0,
         immutable_keys: bool = False,
+        admission: Mapping[str, AdmissionPolicy] | None = None,
     ) -> None:
         if not isinstance(primary, PrimaryTier):
             raise TypeError(f"primary must be a PrimaryTier, got {type(primary).__name__}")
@@ -121,6 +123,7 @@ class TieringEngine:
         check_int("max_inflight_promotions", max_inflight_promotions)
         check_int("pin_steps", pin_steps)
         check_int("max_pending_write_bytes", max_pending_write_bytes)
+        admission = _check_admission(admission, [primary.name, *(t.name for t in tiers)])
 
         self.primary = primary
         self.tiers = tiers
@@ -135,6 +138,8 @@ class TieringEngine:
         #: Keys name their content (a hash of the bytes, as vLLM's prefix-cache block hashes):
         #: a put or store of a key never changes its bytes, so copies below stay valid.
         self.immutable_keys = immutable_keys
+        #: Tier name -> its admission policy (tiers not named admit every block).
+        self.admission: Mapping[str, AdmissionPolicy] = admission
 
         cascade = write_policy == "write_back"
         # hand-overs feed the tier below; from a tier that keeps its bytes in memory they are
@@ -157,6 +162,8 @@ class TieringEngine:
             pin_steps=pin_steps,
             max_inflight_promotions=max_inflight_promotions,
             max_pending_write_bytes=max_pending_write_bytes,
+            primary_admission=admission.get(primary.name),
+            tier_admission=[admission.get(t.name) for t in tiers],
             notify=self._notify_writer,
         )
         self._writers = Writers(core, tiers, hand_over, self.io_timeout)
@@ -176,7 +183,9 @@ class TieringEngine:
         self._state = primary.table.state
         self._all_ready = primary.table.all_ready
         self._stats = core.stats
-        self._live = False  # open and not closed: the only state the fast paths check
+        # open, not closed, and no admission policy counting sightings: the only state the
+        # primary-hit fast paths check (with sightings to count, hits take the slow path)
+        self._fast = False
 
         self._ticker: asyncio.Task[None] | None = None
         self._opened = False
@@ -234,7 +243,8 @@ class TieringEngine:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(t.aclose(), self.io_timeout)
             raise
-        self._opened = self._live = True
+        self._opened = True
+        self._fast = not self._core.sightings
         for t, hand_over in zip(self.tiers, self._hand_over, strict=True):
             t.configure_evictions(hand_over=hand_over)
         self._core.count_tier_evictions_from([t.evictions for t in self.tiers])
@@ -255,7 +265,7 @@ class TieringEngine:
         if core.closed:
             return
         core.closed = True
-        self._live = False
+        self._fast = False
         if self._ticker is not None:
             self._ticker.cancel()
             await asyncio.gather(self._ticker, return_exceptions=True)
@@ -306,7 +316,7 @@ class TieringEngine:
             and self._state[slot] == READY
             and exclude_tier is None
             and (req is None or req.__class__ is RequestContext)
-            and self._live
+            and self._fast
         ):
             self._stats.primary_hit += 1
             return _HIT
@@ -314,6 +324,8 @@ class TieringEngine:
         self._check_open()
         exclude = self._tier_index(exclude_tier)
         rs = self._request(req)
+        if self._core.sightings:
+            self._core.saw([k])
         if self._core.table.ready_slot(k) is not None:  # a str key hits here
             self._stats.primary_hit += 1
             return _HIT
@@ -334,7 +346,7 @@ class TieringEngine:
             keys = list(keys)  # an iterator is read once, by both paths below
         if req is not None and req.__class__ is not RequestContext:
             check_req(req)
-        if self._live and self._all_ready(keys):  # type: ignore[arg-type]
+        if self._fast and self._all_ready(keys):  # type: ignore[arg-type]
             # all hits (a miss, a str key or a bad one goes the slow way: it answers or names it)
             n = len(keys)
             self._stats.primary_hit += n
@@ -345,6 +357,8 @@ class TieringEngine:
         results = await self._reads.scan(ks, rs, -1, prefix=True)
         self._maybe_flush()
         first_miss = results.index(_MISS) if _MISS in results else len(results)
+        if self._core.sightings:
+            self._core.saw(ks[: first_miss + 1])  # each key up to where the prefix stops
         if _RETRY in results and results.index(_RETRY) < first_miss:
             return None  # something before the first MISS is on its way
         return first_miss  # every answer before it is a HIT
@@ -421,6 +435,8 @@ class TieringEngine:
         k = normalize_key(key)
         self._check_open()
         check_req(req)  # a get is observed as its own anonymous request: no state kept
+        if self._core.sightings:
+            self._core.saw([k])
         try:
             return await self._cache.get(k)
         finally:
@@ -529,3 +545,24 @@ class TieringEngine:
             if t is tier or t.name == tier:
                 return i
         raise ValueError(f"exclude_tier {tier!r} is not one of this engine's secondary tiers")
+
+
+def _check_admission(
+    admission: Mapping[str, AdmissionPolicy] | None, names: list[str]
+) -> dict[str, AdmissionPolicy]:
+    if admission is None:
+        return {}
+    if not isinstance(admission, Mapping):
+        raise TypeError(
+            f"admission must map tier names to policies, got {type(admission).__name__}"
+        )
+    out = dict(admission)
+    for name, policy in out.items():
+        if name not in names:
+            raise ConfigError(f"admission names tier {name!r}; the tiers are {', '.join(names)}")
+        if not isinstance(policy, AdmissionPolicy):
+            raise TypeError(
+                f"admission[{name!r}] must be an AdmissionPolicy (AdmitAll, AdmitAfter, "
+                f"AdmitTinyLFU), got {type(policy).__name__}"
+            )
+    return out

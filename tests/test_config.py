@@ -30,11 +30,16 @@ def test_mapping_builds_the_engine_it_describes(tmp_path: Path) -> None:
 def test_toml_file(tmp_path: Path) -> None:
     path = tmp_path / "aiotier.toml"
     path.write_text(
+        '[engine.admission]\nprimary = "tinylfu"\nram = "after:2"\n\n'
         '[primary]\nnum_blocks = 4\nblock_size = 1024\n\n'
         '[[tiers]]\ntype = "memory"\ncapacity_bytes = 65536\nname = "ram"\n'
     )
     engine = engine_from_config(load_config(path))
     assert engine.tiers[0].name == "ram"
+    assert {k: repr(v) for k, v in engine.admission.items()} == {
+        "primary": "AdmitTinyLFU()",
+        "ram": "AdmitAfter(2)",
+    }
 
 
 def test_environment_variables() -> None:
@@ -43,6 +48,7 @@ def test_environment_variables() -> None:
         "AIOTIER_PRIMARY_BLOCK_SIZE": "512",
         "AIOTIER_ENGINE_MAX_INFLIGHT_PROMOTIONS": "8",
         "AIOTIER_ENGINE_IMMUTABLE_KEYS": "true",
+        "AIOTIER_ENGINE_ADMISSION": "memory=after:3, primary=all",
         "AIOTIER_TIERS_0_TYPE": "memory",
         "AIOTIER_TIERS_0_CAPACITY_BYTES": "4096",
         "PATH": "/usr/bin",
@@ -51,6 +57,10 @@ def test_environment_variables() -> None:
     engine = engine_from_env(env)
     assert engine.primary.num_blocks == 16 and engine.max_inflight_promotions == 8
     assert engine.immutable_keys is True
+    assert {k: repr(v) for k, v in engine.admission.items()} == {
+        "memory": "AdmitAfter(3)",
+        "primary": "AdmitAll()",
+    }
 
 
 @pytest.mark.parametrize(
@@ -66,6 +76,9 @@ def test_environment_variables() -> None:
         ({**BASE, "tiers": [{"type": "memory"}]}, "tiers[0]"),
         ({**BASE, "tiers": {"type": "memory"}}, "tiers"),
         ({**BASE, "extra": {}}, "extra"),
+        ({**BASE, "engine": {"admission": {"primary": "often"}}}, "engine.admission.primary"),
+        ({**BASE, "engine": {"admission": "primary"}}, "engine.admission"),
+        ({**BASE, "engine": {"admission": {"ssd": "all"}}}, "'ssd'"),
     ],
 )  # fmt: skip
 def test_errors_name_the_bad_field(config: dict[str, object], field: str) -> None:

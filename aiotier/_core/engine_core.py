@@ -23,6 +23,7 @@ from .._types import (
     StoreSpec,
 )
 from ..errors import BlockNotReadyError
+from .admission import AdmissionPolicy
 from .arena import Arena
 from .coherence import Coherence, Hint
 from .inflight import InflightTable
@@ -63,6 +64,8 @@ class EngineCore:
         pin_steps: int = 16,
         max_inflight_promotions: int = 64,
         max_pending_write_bytes: int = 64 << 20,
+        primary_admission: AdmissionPolicy | None = None,
+        tier_admission: Sequence[AdmissionPolicy | None] = (),
         notify: Callable[[int], None] = lambda ti: None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -89,7 +92,17 @@ class EngineCore:
             max_bytes=max_pending_write_bytes,
             cascade=write_policy == "write_back",
             notify=notify,
+            admission=tier_admission,
+            immutable=immutable_keys,
         )
+        self.primary_admission = primary_admission
+        # each policy that counts sightings, once even when it serves several tiers
+        seen: dict[int, AdmissionPolicy] = {}
+        for policy in (primary_admission, *tier_admission):
+            if policy is not None and policy.counts_sightings:
+                seen.setdefault(id(policy), policy)
+        #: the policies to tell of every sighting (none by default: lookups then skip it)
+        self.sightings = tuple(seen.values())
         self.promotions = Promotions(self, max_inflight_promotions)
         self.step = 0
         #: set when the engine starts closing: lookups suspended in a tier start no promotion
@@ -194,6 +207,11 @@ class EngineCore:
             rs.add_sync(seconds)
         else:  # anonymous calls are observed at once, as their own requests
             self.stats.observe("sync_delay", seconds)
+
+    def saw(self, keys: Sequence[bytes]) -> None:
+        """One call named each of ``keys`` (for admission policies that count)."""
+        for policy in self.sightings:
+            policy.saw(keys)
 
     # -- evictions and write-back ------------------------------------------------------------------
 
@@ -325,6 +343,10 @@ class EngineCore:
             else:
                 protected.append(slot)
         self.stats.observe("allocation_size", len(new))
+        if self.sightings:
+            self.saw(list(seen))
+        if new:
+            new = self._admit(new, protected)
         got = self.table.allocate(new, PENDING, protected) if new else ([], [])
         if got is None:
             self.stats.counts[("allocation_failures", "store")] += 1
@@ -339,6 +361,29 @@ class EngineCore:
         view = self.arena.slot_view
         spec = StoreSpec(tuple(slots), tuple(view(s) for s in slots))
         return PrepareStoreOutput(tuple(new), spec, tuple(evicted_keys))
+
+    def _admit(self, new: list[bytes], protected: list[int]) -> list[bytes]:
+        """The keys of a ``prepare_store`` the primary's admission policy lets in; each is
+        weighed against the block it would evict (in eviction order), or a free slot."""
+        name = self.primary_name
+        policy = self.primary_admission
+        if policy is None:
+            self.stats.counts[("admissions", name, "admitted")] += len(new)
+            return new
+        free = len(self.table.free)
+        victims = iter(self.table.eviction_candidates(len(new), protected))
+        victim = None
+        admitted: list[bytes] = []
+        for k in new:
+            if len(admitted) >= free and victim is None:
+                victim = next(victims, None)  # the block the next admitted key would evict
+            if policy.admit(k, victim):
+                admitted.append(k)
+                victim = None
+        self.stats.counts[("admissions", name, "admitted")] += len(admitted)
+        if len(admitted) < len(new):
+            self.stats.counts[("admissions", name, "rejected")] += len(new) - len(admitted)
+        return admitted
 
     def complete_store(
         self,

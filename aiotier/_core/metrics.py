@@ -76,6 +76,9 @@ METRICS: tuple[MetricDef, ...] = (
               ("tier",), "Blocks evicted by a tier's policy or budget."),
     MetricDef("tier_errors", "aiotier.tier_errors", "aiotier_tier_errors_total", _C, "1",
               ("tier", "op"), "Tier operations that raised, timed out or returned corrupt bytes."),
+    MetricDef("admissions", "aiotier.admissions", "aiotier_admissions_total", _C, "1",
+              ("tier", "decision"),
+              "Blocks a tier's admission policy let in (admitted) or kept out (rejected)."),
     MetricDef("tier_usage", "aiotier.tier_usage", "aiotier_tier_usage_bytes", _G, "By",
               ("tier",), "Bytes held by each tier, read when metrics are collected."),
 )  # fmt: skip

@@ -58,6 +58,11 @@ class EvictionPolicy(ABC):
         """Choose and remove ``n`` victims among slots for which ``evictable`` is true."""
 
     @abstractmethod
+    def candidates(self, n: int, evictable: Evictable) -> list[int]:
+        """The victims :meth:`evict` would choose now, in order, without removing them (fewer
+        than ``n`` when not enough are evictable): what an admission policy weighs."""
+
+    @abstractmethod
     def order(self) -> list[int]:
         """Resident slots, next victim first (for tests and inspection)."""
 
@@ -163,6 +168,16 @@ class LRUPolicy(EvictionPolicy):
             nxt[v] = prv[v] = nil
         return victims
 
+    def candidates(self, n: int, evictable: Evictable) -> list[int]:
+        out: list[int] = []
+        s, nxt = self._sentinel, self._next
+        cur = nxt[s]
+        while cur != s and len(out) < n:
+            if evictable(cur):
+                out.append(cur)
+            cur = nxt[cur]
+        return out
+
     def order(self) -> list[int]:
         out = []
         s = self._sentinel
@@ -230,7 +245,7 @@ class ARCPolicy(EvictionPolicy):
         if self._t1.pop(slot, None) is None:
             self._t2.pop(slot, None)
 
-    def evict(self, n: int, evictable: Evictable) -> list[int] | None:
+    def candidates(self, n: int, evictable: Evictable) -> list[int]:
         it1 = (s for s in self._t1 if evictable(s))
         it2 = (s for s in self._t2 if evictable(s))
         victims: list[int] = []
@@ -251,8 +266,14 @@ class ARCPolicy(EvictionPolicy):
                     if v is not None:
                         t1_len -= 1
             if v is None:
-                return None
+                break
             victims.append(v)
+        return victims
+
+    def evict(self, n: int, evictable: Evictable) -> list[int] | None:
+        victims = self.candidates(n, evictable)
+        if len(victims) < n:
+            return None
         for v in victims:
             key = self._t1.pop(v, None)
             if key is not None:

@@ -142,6 +142,14 @@ class BlockTable:
     def _evictable_except(self, protected: Iterable[int]) -> _Evictable:
         return _Evictable(self.state, self.pins, frozenset(protected))
 
+    def eviction_candidates(self, n: int, protected: Iterable[int] = ()) -> list[bytes]:
+        """The keys :meth:`allocate` would evict now to place ``n`` more keys (maybe fewer)."""
+        need = n - len(self.free)
+        if need <= 0:
+            return []
+        slots = self.policy.candidates(need, self._evictable_except(protected))
+        return [self.keys[s] for s in slots]  # type: ignore[misc]
+
     def allocate_prefix(
         self, keys: list[bytes], state: SlotState, protected: Iterable[int] = ()
     ) -> tuple[list[int], list[Evicted]]:

@@ -7,7 +7,8 @@ then :meth:`WriteQueues.finished`. Order per tier is what keeps tiers coherent: 
 after a write of the same key is applied after it.
 
 The bytes of demotions wait here in memory; past ``max_bytes`` of them a new demotion is dropped
-(and counted) rather than queued, so a slow tier cannot grow the queue without bound.
+(and counted) rather than queued, so a slow tier cannot grow the queue without bound. A write
+that the tier's admission policy keeps out is not queued either (and counted).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from .._types import BlockEvent
+from .admission import AdmissionPolicy
 from .coherence import Coherence
 from .stats import StepStats
 
@@ -64,9 +66,11 @@ class WriteQueues:
     """Per-tier FIFOs of writes and removes, their byte bound and their outcomes."""
 
     __slots__ = (
+        "_admission",
         "_cascade",
         "_coherence",
         "_events",
+        "_immutable",
         "_names",
         "_notify",
         "_queues",
@@ -85,8 +89,12 @@ class WriteQueues:
         max_bytes: int,
         cascade: bool,
         notify: Callable[[int], None],
+        admission: Sequence[AdmissionPolicy | None] = (),
+        immutable: bool = False,
     ) -> None:
         self._names = tuple(names)
+        self._admission = tuple(admission) or (None,) * len(self._names)
+        self._immutable = immutable  # copies below are the same bytes: no older copy to fear
         self._coherence = coherence
         self._stats = stats
         self._events = events
@@ -107,12 +115,16 @@ class WriteQueues:
     # -- queueing --------------------------------------------------------------------------------
 
     def push(self, ti: int, op: WriteOp) -> bool:
-        """Queue ``op`` for tier ``ti``; a demotion past the byte bound is dropped: False.
+        """Queue ``op`` for tier ``ti``; False when a write is not queued: the tier's admission
+        policy keeps it out, or it is a demotion past the byte bound.
 
-        A dropped write leaves the key stale in that tier (an older copy may be there).
+        A write kept out removes any older copy the tier may hold; one dropped for the bound
+        leaves the key stale there (never read until a later write or remove succeeds).
         """
         coherence = self._coherence
         if op.kind is OpKind.WRITE:
+            if not self._admits(ti, op.key):
+                return False
             assert op.data is not None
             size = len(op.data)
             if op.demotion and self.queued_bytes + size > self.max_bytes:
@@ -126,6 +138,18 @@ class WriteQueues:
         self._queues[ti].append(op)
         self._notify(ti)
         return True
+
+    def _admits(self, ti: int, k: bytes) -> bool:
+        policy, name = self._admission[ti], self._names[ti]
+        if policy is None or policy.admit_below(k):
+            self._stats.counts[("admissions", name, "admitted")] += 1
+            return True
+        self._stats.counts[("admissions", name, "rejected")] += 1
+        coherence = self._coherence
+        older = coherence.writing(ti, k) or coherence.holds(ti, k) is not False
+        if older and not self._immutable:
+            self.push(ti, remove(k))  # an older copy there must not be served
+        return False
 
     def demote(self, ti: int, k: bytes, data: bytes) -> None:
         """Send a block's newest bytes down to tier ``ti``; served from memory meanwhile."""

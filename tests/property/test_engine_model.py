@@ -1,8 +1,10 @@
 """Stateful property test: the engine against a plain dict, over a tiny primary and a slow tier.
 
 Invariants after every step: capacity never exceeded, no pin count below zero, ``get`` returns
-exactly the model's bytes (or, only with ``write_policy="none"``, None), and at teardown every
-pin is released and no task survives ``aclose``.
+exactly the model's bytes (or None, only with ``write_policy="none"`` or a tier below whose
+admission policy may keep a block out), and at teardown every pin is released and no task
+survives ``aclose``. Each run draws the write policy, the eviction policy and admission (TinyLFU
+on the primary, AdmitAfter(2) below, both or neither).
 """
 
 from __future__ import annotations
@@ -14,7 +16,16 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from aiotier import LookupResult, MemoryTier, PrimaryTier, RequestContext, TieringEngine
+from aiotier import (
+    AdmissionPolicy,
+    AdmitAfter,
+    AdmitTinyLFU,
+    LookupResult,
+    MemoryTier,
+    PrimaryTier,
+    RequestContext,
+    TieringEngine,
+)
 from aiotier.testing import FaultyTier
 
 BLOCK = 16
@@ -31,18 +42,27 @@ class EngineModel(RuleBasedStateMachine):
         self.loaded: list[tuple[list[str], RequestContext | None]] = []
         self.engine: TieringEngine | None = None
         self.policy = "write_back"
+        self.lossy = False
 
     def run(self, coro):  # type: ignore[no-untyped-def]
         return self.loop.run_until_complete(coro)
 
     @initialize(policy=st.sampled_from(["write_back", "write_back", "write_through", "none"]),
-                evict=st.sampled_from(["lru", "arc"]))  # fmt: skip
-    def start(self, policy: str, evict: str) -> None:
+                evict=st.sampled_from(["lru", "arc"]),
+                admit=st.sampled_from(["all", "primary", "below", "both"]))  # fmt: skip
+    def start(self, policy: str, evict: str, admit: str) -> None:
         self.policy = policy
+        # a tier below that admits only some blocks drops the others, like write policy "none"
+        self.lossy = policy == "none" or admit in ("below", "both")
+        admission: dict[str, AdmissionPolicy] = {}
+        if admit in ("primary", "both"):
+            admission["primary"] = AdmitTinyLFU()
+        if admit in ("below", "both"):
+            admission["memory"] = AdmitAfter(2)
         tier = FaultyTier(MemoryTier(1 << 20), seed=1).delay("read", 0.001).delay("write", 0.001)
         self.engine = TieringEngine(
             PrimaryTier(3, BLOCK, policy=evict), [tier], write_policy=policy,  # type: ignore[arg-type]
-            promotion_timeout=2.0,
+            promotion_timeout=2.0, admission=admission,
         )
         self.run(self.engine.open())
 
@@ -60,7 +80,7 @@ class EngineModel(RuleBasedStateMachine):
     def get(self, key: str, req: RequestContext | None) -> None:
         got = self.run(self.e.get(key, req))
         expected = self.model.get(key.encode())
-        if got is None and self.policy == "none":
+        if got is None and self.lossy:
             self.model.pop(key.encode(), None)  # dropped by policy: it may not come back
             return
         assert got == expected, (key, got, expected)
@@ -78,7 +98,7 @@ class EngineModel(RuleBasedStateMachine):
             return
         hits = keys[:n]
         for k in hits:
-            assert k.encode() in self.model or self.policy == "none"
+            assert k.encode() in self.model or self.lossy
         if hits:
             spec = self.e.prepare_load(hits, req)
             for k, buf in zip(hits, spec.buffers, strict=True):
@@ -136,7 +156,7 @@ class EngineModel(RuleBasedStateMachine):
             self.e.end_step()
             assert self.e.stats().pinned_blocks == 0
             # everything put is still readable (write_back keeps every block somewhere)
-            if self.policy != "none":
+            if not self.lossy:
                 for k, v in self.model.items():
                     assert self.run(self.e.get(k)) == v
                     assert self.run(self.e.lookup(k)) in (LookupResult.HIT, LookupResult.RETRY)

@@ -1,0 +1,177 @@
+"""Admission: whether a block may enter a tier at all, decided from how often its key is seen.
+
+A *sighting* is one call naming a key: ``lookup``, ``lookup_prefix`` (each key up to where the
+prefix stops), ``get`` and ``prepare_store``. A policy that counts sightings keeps them in a
+:class:`FrequencySketch`: a count-min sketch of a fixed size (its memory never grows with the
+number of keys) whose counts may overestimate (two keys can share a counter) but never
+underestimate, and which halves every count each time it has taken ``10 x width`` sightings,
+so old popularity fades.
+
+The primary applies its policy in ``prepare_store`` (a key not admitted is left out of
+``keys_to_store`` and evicts nothing; ``put`` always stores); a secondary tier applies its policy
+to every write into it (demotions, write-through, the write-down at close).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+
+from ..errors import ConfigError
+
+__all__ = [
+    "AdmissionPolicy",
+    "AdmitAfter",
+    "AdmitAll",
+    "AdmitTinyLFU",
+    "FrequencySketch",
+    "parse_admission",
+]
+
+_DEPTH = 4
+_HALF = bytes(i >> 1 for i in range(256))  # a translation table that halves every counter
+
+
+class FrequencySketch:
+    """Approximate sighting counts of keys in ``4 x width`` bytes (``width``: a power of two at
+    least ``capacity``); each count saturates at 255."""
+
+    __slots__ = ("_counts", "_mask", "_sample", "_seen", "width")
+
+    def __init__(self, capacity: int) -> None:
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+            raise ConfigError(f"sketch capacity must be an int >= 1, got {capacity!r}")
+        width = 1 << max(capacity - 1, 1).bit_length()
+        self.width = width
+        self._mask = width - 1
+        self._counts = bytearray(_DEPTH * width)
+        self._sample = 10 * width
+        self._seen = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Its memory, fixed at creation."""
+        return len(self._counts)
+
+    def _cells(self, key: bytes) -> tuple[int, int, int, int]:
+        h = hash(key)
+        step = (h >> 32) | 1  # double hashing: four rows, four independent-enough cells
+        m, w = self._mask, self.width
+        return (
+            h & m,
+            w + ((h + step) & m),
+            2 * w + ((h + 2 * step) & m),
+            3 * w + ((h + 3 * step) & m),
+        )
+
+    def add(self, keys: Iterable[bytes]) -> None:
+        """One sighting of each key."""
+        counts = self._counts
+        n = 0
+        for key in keys:
+            n += 1
+            for cell in self._cells(key):
+                c = counts[cell]
+                if c < 255:
+                    counts[cell] = c + 1
+        self._seen += n
+        if self._seen >= self._sample:
+            self._counts = counts.translate(_HALF)
+            self._seen //= 2
+
+    def estimate(self, key: bytes) -> int:
+        """How often ``key`` was seen (recently); never less than the truth."""
+        counts = self._counts
+        return min(counts[cell] for cell in self._cells(key))
+
+
+class AdmissionPolicy(ABC):
+    """Decides which blocks may enter a tier. One instance may serve several tiers."""
+
+    #: Whether the engine must report sightings (``saw``); False spares the lookups that cost.
+    counts_sightings: bool = True
+
+    def saw(self, keys: Iterable[bytes]) -> None:  # noqa: B027 - optional hook
+        """Each key was named by one call (a sighting)."""
+
+    @abstractmethod
+    def admit(self, key: bytes, victim: bytes | None) -> bool:
+        """Whether ``key`` may enter the primary, where it would evict ``victim`` (None: it
+        takes a free slot)."""
+
+    def admit_below(self, key: bytes) -> bool:
+        """Whether ``key`` may be written into a secondary tier, whose victims (it evicts by
+        its own budget) the engine cannot see."""
+        return self.admit(key, None)
+
+
+class AdmitAll(AdmissionPolicy):
+    """Every block is admitted (the default for every tier)."""
+
+    counts_sightings = False
+
+    def admit(self, key: bytes, victim: bytes | None) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "AdmitAll()"
+
+
+class AdmitAfter(AdmissionPolicy):
+    """Admit a key once it has been seen at least ``n`` times (the current call included): a
+    reuse filter, as vLLM's offloading manager stores only blocks looked up N times.
+
+    Sightings live in a :class:`FrequencySketch` of ``capacity`` counters per row (4 bytes
+    each): with more distinct keys than that in one window, some keys are admitted early.
+    """
+
+    def __init__(self, n: int, *, capacity: int = 1 << 18) -> None:
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ConfigError(f"AdmitAfter needs an int n >= 1, got {n!r}")
+        self.n = n
+        self.sketch = FrequencySketch(capacity)
+
+    def saw(self, keys: Iterable[bytes]) -> None:
+        self.sketch.add(keys)
+
+    def admit(self, key: bytes, victim: bytes | None) -> bool:
+        return self.sketch.estimate(key) >= self.n
+
+    def __repr__(self) -> str:
+        return f"AdmitAfter({self.n})"
+
+
+class AdmitTinyLFU(AdmissionPolicy):
+    """TinyLFU: admit a newcomer into the primary only if it has been seen more often than the
+    block it would evict (a free slot takes anyone). Into a secondary tier, whose victims the
+    engine cannot see, a newcomer seen at least twice is admitted: one-hit wonders stay out.
+    """
+
+    def __init__(self, *, capacity: int = 1 << 18) -> None:
+        self.sketch = FrequencySketch(capacity)
+
+    def saw(self, keys: Iterable[bytes]) -> None:
+        self.sketch.add(keys)
+
+    def admit(self, key: bytes, victim: bytes | None) -> bool:
+        return victim is None or self.sketch.estimate(key) > self.sketch.estimate(victim)
+
+    def admit_below(self, key: bytes) -> bool:
+        return self.sketch.estimate(key) >= 2
+
+    def __repr__(self) -> str:
+        return "AdmitTinyLFU()"
+
+
+def parse_admission(spec: str) -> AdmissionPolicy:
+    """A policy from its configuration string: ``all``, ``after:N`` or ``tinylfu``."""
+    if not isinstance(spec, str):
+        raise ConfigError(f"admission policy must be a string, got {spec!r}")
+    name, _, arg = spec.strip().lower().partition(":")
+    if name == "all" and not arg:
+        return AdmitAll()
+    if name == "after" and arg.isdigit():
+        return AdmitAfter(int(arg))
+    if name == "tinylfu" and not arg:
+        return AdmitTinyLFU()
+    raise ConfigError(f"unknown admission policy {spec!r}; expected 'all', 'after:N' or 'tinylfu'")

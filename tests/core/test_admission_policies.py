@@ -1,0 +1,86 @@
+"""Admission policies and their frequency sketch, with no engine."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aiotier import AdmitAfter, AdmitAll, AdmitTinyLFU
+from aiotier._core.admission import FrequencySketch, parse_admission
+from aiotier.errors import ConfigError
+
+
+@given(st.lists(st.binary(max_size=8), max_size=300))
+def test_the_sketch_never_counts_less_than_the_truth(keys: list[bytes]) -> None:
+    sketch = FrequencySketch(64)
+    sketch.add(keys)
+    for k in set(keys):
+        assert sketch.estimate(k) >= min(keys.count(k), 255)
+
+
+def test_the_sketch_counts_exactly_without_collisions_and_ages_by_halving() -> None:
+    sketch = FrequencySketch(1 << 12)
+    assert sketch.width == 1 << 12
+    sketch.add([b"a"] * 5 + [b"b"])
+    assert (sketch.estimate(b"a"), sketch.estimate(b"b"), sketch.estimate(b"c")) == (5, 1, 0)
+    small = FrequencySketch(16)  # a window of 10 x 16 sightings
+    small.add([b"a"] * 159)
+    assert small.estimate(b"a") == 159
+    small.add([b"a"])  # the 160th: every count halves
+    assert small.estimate(b"a") == 80
+
+
+def test_the_sketch_keeps_its_size_whatever_it_sees() -> None:
+    sketch = FrequencySketch(64)
+    rng = random.Random(1)
+    sketch.add(b"%d" % rng.randrange(1 << 30) for _ in range(100_000))
+    assert sketch.nbytes == 4 * 64
+
+
+def test_admit_after_n_sightings() -> None:
+    policy = AdmitAfter(2)
+    assert not policy.admit(b"k", None)
+    policy.saw([b"k"])
+    assert not policy.admit(b"k", None) and not policy.admit_below(b"k")
+    policy.saw([b"k"])
+    assert policy.admit(b"k", None) and policy.admit_below(b"k")
+
+
+def test_tinylfu_weighs_a_newcomer_against_its_victim() -> None:
+    policy = AdmitTinyLFU()
+    policy.saw([b"victim"] * 3 + [b"new"] * 3)
+    assert not policy.admit(b"new", b"victim")  # as often as the victim: it stays out
+    policy.saw([b"new"])
+    assert policy.admit(b"new", b"victim")
+    assert policy.admit(b"stranger", None)  # a free slot takes anyone
+    assert not policy.admit_below(b"stranger")  # below, a one-hit wonder stays out
+    policy.saw([b"stranger"] * 2)
+    assert policy.admit_below(b"stranger")
+
+
+def test_admit_all_counts_nothing() -> None:
+    assert AdmitAll().admit(b"k", b"v") and not AdmitAll().counts_sightings
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [("all", "AdmitAll()"), ("after:3", "AdmitAfter(3)"), (" TinyLFU ", "AdmitTinyLFU()")],
+)
+def test_policies_parse_from_config_strings(spec: str, expected: str) -> None:
+    assert repr(parse_admission(spec)) == expected
+
+
+@pytest.mark.parametrize("spec", ["after", "after:x", "lfu", "all:2", ""])
+def test_unknown_policies_are_refused_by_name(spec: str) -> None:
+    with pytest.raises(ConfigError, match="admission policy"):
+        parse_admission(spec)
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(ConfigError, match="n >= 1"):
+        AdmitAfter(0)
+    with pytest.raises(ConfigError, match="capacity"):
+        AdmitTinyLFU(capacity=0)
