@@ -94,6 +94,7 @@ class TieringEngine:
         open_timeout: float = 300.0,
         immutable_keys: bool = False,
         admission: Mapping[str, AdmissionPolicy] | None = None,
+        max_promotion_share: float = 0.9,
     ) -> None:
         if not isinstance(primary, PrimaryTier):
             raise TypeError(f"primary must be a PrimaryTier, got {type(primary).__name__}")
@@ -124,6 +125,9 @@ class TieringEngine:
         check_int("pin_steps", pin_steps)
         check_int("max_pending_write_bytes", max_pending_write_bytes)
         admission = _check_admission(admission, [primary.name, *(t.name for t in tiers)])
+        check_positive("max_promotion_share", max_promotion_share)
+        if max_promotion_share > 1:
+            raise ConfigError(f"max_promotion_share must be at most 1, got {max_promotion_share!r}")
 
         self.primary = primary
         self.tiers = tiers
@@ -138,6 +142,9 @@ class TieringEngine:
         #: Keys name their content (a hash of the bytes, as vLLM's prefix-cache block hashes):
         #: a put or store of a key never changes its bytes, so copies below stay valid.
         self.immutable_keys = immutable_keys
+        #: At most this share of the primary's slots (rounded up) holds promoted blocks that no
+        #: request has loaded yet: the rest stays free for stores.
+        self.max_promotion_share = float(max_promotion_share)
         #: Tier name -> its admission policy (tiers not named admit every block).
         self.admission: Mapping[str, AdmissionPolicy] = admission
 
@@ -161,6 +168,7 @@ class TieringEngine:
             backoff_seconds=self.backoff_seconds,
             pin_steps=pin_steps,
             max_inflight_promotions=max_inflight_promotions,
+            max_promotion_share=self.max_promotion_share,
             max_pending_write_bytes=max_pending_write_bytes,
             primary_admission=admission.get(primary.name),
             tier_admission=[admission.get(t.name) for t in tiers],

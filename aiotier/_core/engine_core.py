@@ -10,6 +10,7 @@ place and can be unit-tested without an event loop.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
@@ -27,7 +28,7 @@ from .admission import AdmissionPolicy
 from .arena import Arena
 from .coherence import Coherence, Hint
 from .inflight import InflightTable
-from .pins import PinLedger
+from .pins import PinLedger, PromotionShare
 from .promotion import PromotionBatch, Promotions
 from .requests import RequestBook, RequestState
 from .stats import CountKey, StepSnapshot, StepStats, TotalStats
@@ -63,6 +64,7 @@ class EngineCore:
         backoff_seconds: float = 1.0,
         pin_steps: int = 16,
         max_inflight_promotions: int = 64,
+        max_promotion_share: float = 1.0,
         max_pending_write_bytes: int = 64 << 20,
         primary_admission: AdmissionPolicy | None = None,
         tier_admission: Sequence[AdmissionPolicy | None] = (),
@@ -81,7 +83,8 @@ class EngineCore:
         self.totals = TotalStats()
         self.events: deque[BlockEvent] = deque(maxlen=MAX_EVENTS)
         self.requests = RequestBook()
-        self.pins = PinLedger(table, pin_steps)
+        share = PromotionShare(math.ceil(max_promotion_share * arena.num_blocks))
+        self.pins = PinLedger(table, pin_steps, share)
         self.inflight = InflightTable(self.stats)
         self.coherence = Coherence(self.tier_names, hints, self.stats, clock, backoff_seconds)
         self.writes = WriteQueues(
@@ -234,7 +237,10 @@ class EngineCore:
         return keys
 
     def readmit(self, k: bytes, data: bytes, protected: Sequence[int] = ()) -> bool:
-        """Put bytes that are on their way down back into the primary, if there is room."""
+        """Put bytes that are on their way down back into the primary, if there is room (and
+        the key has no block there: a pending store of it is newer)."""
+        if k in self.table.index:
+            return False
         got = self.table.allocate([k], READY, protected)
         if got is None:
             self.stats.counts[("allocation_failures", "promotion")] += 1

@@ -19,17 +19,50 @@ from collections.abc import Iterable, Sequence
 from .requests import RequestState
 from .table import BlockTable
 
-__all__ = ["PinLedger"]
+__all__ = ["PinLedger", "PromotionShare"]
+
+
+class PromotionShare:
+    """Primary slots taken by promoted blocks that no request has loaded yet: a block counts
+    while its read is in flight or a RETRY pin holds it (one count per reason), so promotions
+    for queued requests cannot fill the slots the running requests store into."""
+
+    __slots__ = ("_held", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._held: Counter[int] = Counter()
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def room(self) -> int:
+        """How many more promoted blocks fit."""
+        return max(self.limit - len(self._held), 0)
+
+    def take(self, slots: Iterable[int]) -> None:
+        self._held.update(slots)
+
+    def give_back(self, slots: Iterable[int]) -> None:
+        held = self._held
+        for slot in slots:
+            n = held[slot] - 1
+            if n > 0:
+                held[slot] = n
+            else:
+                held.pop(slot, None)
 
 
 class PinLedger:
     """Pins taken on behalf of requests (and of anonymous calls), and their release."""
 
-    __slots__ = ("_anon_retry", "_expiry", "_table", "pin_steps")
+    __slots__ = ("_anon_retry", "_expiry", "_table", "pin_steps", "share")
 
-    def __init__(self, table: BlockTable, pin_steps: int) -> None:
+    def __init__(self, table: BlockTable, pin_steps: int, share: PromotionShare) -> None:
         self._table = table
         self.pin_steps = pin_steps
+        #: RETRY pins count against the promotion share while they hold a block
+        self.share = share
         self._anon_retry: dict[bytes, int] = {}  # anonymous RETRY pins, dropped at end_step
         # (step at which they expire, request, keys, slots) of RETRY pins taken together
         self._expiry: deque[tuple[int, RequestState, list[bytes], list[int]]] = deque()
@@ -45,20 +78,25 @@ class PinLedger:
         pins = self._table.pins
         if rs is None:
             anon = self._anon_retry
+            taken = []
             for k, slot in zip(keys, slots, strict=True):
                 if k not in anon:
                     anon[k] = slot
                     pins[slot] += 1
+                    taken.append(slot)
+            self.share.take(taken)
             return False
         held = rs.promo_pins
-        if not held.keys().isdisjoint(keys):
-            pairs = [(k, s) for k, s in zip(keys, slots, strict=True) if k not in held]
-            keys, slots = [k for k, _ in pairs], [s for _, s in pairs]
-        if not keys:
+        fresh = dict(zip(keys, slots, strict=True))  # a key named twice is pinned once
+        for k in held.keys() & fresh.keys():
+            del fresh[k]
+        if not fresh:
             return False
+        keys, slots = list(fresh), list(fresh.values())
         for k, slot in zip(keys, slots, strict=True):
             held[k] = slot
             pins[slot] += 1
+        self.share.take(slots)
         self._expiry.append((step + self.pin_steps, rs, keys, slots))
         return True
 
@@ -69,14 +107,17 @@ class PinLedger:
             if holder.promo_pins.get(k) == slot:
                 del holder.promo_pins[k]
                 unpin(slot)
+                self.share.give_back((slot,))
         if self._anon_retry.get(k) == slot:
             del self._anon_retry[k]
             unpin(slot)
+            self.share.give_back((slot,))
 
     def release_retry(self, rs: RequestState, k: bytes) -> None:
         slot = rs.promo_pins.pop(k, None)
         if slot is not None:
             self._table.unpin(slot)
+            self.share.give_back((slot,))
 
     def expire(self, step: int) -> None:
         """At the boundary that makes ``step`` current: RETRY pins past their steps, and every
@@ -92,6 +133,7 @@ class PinLedger:
         unpin = self._table.unpin
         for slot in self._anon_retry.values():
             unpin(slot)
+        self.share.give_back(self._anon_retry.values())
         self._anon_retry.clear()
 
     # -- load pins -----------------------------------------------------------------------------
@@ -165,6 +207,7 @@ class PinLedger:
         Returns its uncompleted stores ``(key, slot)``: the caller aborts those still pending.
         """
         self._table.unpin_many(rs.promo_pins.values())
+        self.share.give_back(rs.promo_pins.values())
         rs.promo_pins.clear()
         unpin = self._table.unpin
         for slots in rs.load_pins.values():

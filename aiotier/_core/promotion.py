@@ -290,7 +290,8 @@ class Promotions:
         table = core.table
         results, rs, protected = scan.results, scan.rs, scan.protected
         keys, where = self._claim(scan, ti, positions)
-        room = max(self.max_in_flight - core.inflight.promoting, 0)
+        share = core.pins.share
+        room = min(max(self.max_in_flight - core.inflight.promoting, 0), share.room())
         slots, evicted = table.allocate_prefix(keys[:room], PROMOTING, protected)
         placed = len(slots)
         for i in where[placed:]:
@@ -303,6 +304,7 @@ class Promotions:
         del keys[placed:]
         core.evicted(evicted)
         table.pin_many(slots)  # each read's own pin: the slot stays reserved until it stops
+        share.take(slots)
         batch = PromotionBatch(ti, keys, slots, core.clock())
         if scan.hold:
             core.hold(rs, keys, slots, batch)
@@ -467,6 +469,7 @@ class Promotions:
         name = core.tier_names[batch.tier]
         core.arena.set_lengths(slots, lengths)
         core.table.promoted(slots, clean=batch.tier == 0)
+        core.pins.share.give_back(slots)  # the read is done; RETRY pins may still hold them
         core.inflight.settle_many(keys, now)
         core.inflight.promoting -= len(slots)
         counts = core.stats.counts
@@ -478,6 +481,7 @@ class Promotions:
         unpin = self._core.table.unpin
         for slot in slots:
             unpin(slot)
+        self._core.pins.share.give_back(slots)
 
     def _failed(self, batch: PromotionBatch, k: bytes, slot: int, now: float) -> None:
         """Turn the key into a MISS now, and back off from reading it from that tier."""

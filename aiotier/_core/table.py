@@ -106,7 +106,8 @@ class BlockTable:
     def allocate(
         self, keys: list[bytes], state: SlotState, protected: Iterable[int] = ()
     ) -> tuple[list[int], list[Evicted]] | None:
-        """Give each key (none present in the index) a slot in ``state``, evicting by policy.
+        """Give each key a slot in ``state``, evicting by policy. A key present in the index is
+        pointed at its new slot (the caller then detaches the old one: a replacement).
 
         Returns ``(slots, evicted)`` where ``evicted`` lists ``(key, slot, clean)`` of the victims
         (their bytes are still in the arena until the new owner writes: copy them before

@@ -53,7 +53,9 @@ class CacheCalls:
         if data is not None:
             stats.primary_hit += 1
             return data
-        data = core.coherence.demoting.get(k)
+        # bytes on their way down are the newest, unless a store of the key is pending (or a
+        # promotion of it in flight): then that is awaited below
+        data = None if k in core.table.index else core.coherence.demoting.get(k)
         if data is not None:
             stats.primary_hit += 1
             core.readmit(k, data)

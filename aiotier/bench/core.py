@@ -515,7 +515,8 @@ async def memory_promote(rounds: int, n_keys: int = 4096) -> list[Case]:
         tier = MemoryTier(2 * n_keys * bs)
         for k, v in zip(keys, values, strict=True):
             await tier.write(k, v)
-        engine = TieringEngine(PrimaryTier(PROMOTE_PRIMARY, bs), [tier])
+        # every slot may hold a promotion here: the loop stores nothing it would need room for
+        engine = TieringEngine(PrimaryTier(PROMOTE_PRIMARY, bs), [tier], max_promotion_share=1.0)
         await engine.open()
         engines[variant] = engine
     serial = itertools.count()

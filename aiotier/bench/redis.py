@@ -247,7 +247,10 @@ async def _engine_promoter(
     engine's write policy is ``none``: evictions drop, nothing is written back).
     """
     primary = PrimaryTier(2 * BATCH, BLOCK_SIZE)
-    engine = TieringEngine(primary, [tier], write_policy="none", promotion_timeout=30.0)
+    # the whole primary is a promotion buffer: nothing is stored that would need room
+    engine = TieringEngine(
+        primary, [tier], write_policy="none", promotion_timeout=30.0, max_promotion_share=1.0
+    )
 
     async def promote() -> None:
         for batch in batches:

@@ -95,9 +95,12 @@ async def _promoter(
     batches = [keys[i : i + BATCH] for i in range(0, len(keys), BATCH)]
 
     # One batch of room (the caller keeps at least two batches): every round promotes every
-    # block again from the SSD tier (write policy "none": evictions drop, no write-back).
+    # block again from the SSD tier (write policy "none": evictions drop, no write-back). The
+    # whole primary is a promotion buffer: nothing is stored that would need room.
     primary = PrimaryTier(BATCH, block_size)
-    engine = TieringEngine(primary, [tier], write_policy="none", promotion_timeout=60.0)
+    engine = TieringEngine(
+        primary, [tier], write_policy="none", promotion_timeout=60.0, max_promotion_share=1.0
+    )
 
     async def promote() -> None:
         for batch in batches:

@@ -155,6 +155,7 @@ class EngineModel(RuleBasedStateMachine):
             self.e.end_step(finished_req_ids=["a", "b"])
             self.e.end_step()
             assert self.e.stats().pinned_blocks == 0
+            assert len(self.e.core.pins.share) == 0  # every promoted block was given back
             # everything put is still readable (write_back keeps every block somewhere)
             if not self.lossy:
                 for k, v in self.model.items():

@@ -497,6 +497,7 @@ class FaultsModel(RuleBasedStateMachine):
         self._end_step([], REQ_IDS)  # every request finishes
         self.e.end_step()  # anonymous RETRY pins go at the next step
         assert self.e.stats().pinned_blocks == 0, "pins left after every request finished"
+        assert len(self.e.core.pins.share) == 0, "promoted blocks still counted after all"
         self.run(self._quiesce())
         FIGURES["deferrals_observed"] += self.probe.count(ASYNC)
         counters = self.e.stats().counters
