@@ -51,7 +51,7 @@ __all__ = ["engine_from_config", "engine_from_env", "load_config"]
 _ENGINE_FIELDS = {
     "write_policy": str, "promotion_timeout": float, "max_inflight_promotions": int,
     "backoff_seconds": float, "io_timeout": float, "pin_steps": int, "step_interval": float,
-    "immutable_keys": bool,
+    "immutable_keys": bool, "max_promotion_share": float,
 }  # fmt: skip
 _PRIMARY_FIELDS = {"num_blocks": int, "block_size": int, "policy": str}
 _TIER_FIELDS: dict[str, dict[str, type]] = {

@@ -348,28 +348,56 @@ class TieringEngine:
 
         The scan goes on past a RETRY, so the promotions of later keys start at once.
         """
-        if isinstance(keys, str | bytes):
-            raise TypeError("keys must be a sequence of keys, not a single str or bytes key")
-        if keys.__class__ is not list and keys.__class__ is not tuple:
-            keys = list(keys)  # an iterator is read once, by both paths below
-        if req is not None and req.__class__ is not RequestContext:
-            check_req(req)
+        keys = _key_sequence(keys, req)
         if self._fast and self._all_ready(keys):  # type: ignore[arg-type]
             # all hits (a miss, a str key or a bad one goes the slow way: it answers or names it)
             n = len(keys)
             self._stats.primary_hit += n
             return n
+        _, results = await self._scan_prefix(keys, req)
+        first_miss = results.index(_MISS) if _MISS in results else len(results)
+        if _RETRY in results and results.index(_RETRY) < first_miss:
+            return None  # something before the first MISS is on its way
+        return first_miss  # every answer before it is a HIT
+
+    async def prefetch(
+        self, keys: Sequence[bytes | str], req: RequestContext | None = None, *, timeout: float
+    ) -> int:
+        """Start the promotions ``lookup_prefix`` would, then wait at most ``timeout`` seconds.
+
+        Returns how many leading keys are loadable from the primary at that moment (all of them
+        as soon as all landed). Never raises because the deadline passed: promotions still in
+        flight go on, and a later lookup answers from them. Pins as for ``lookup_prefix``.
+        """
+        keys = _key_sequence(keys, req)
+        check_positive("timeout", timeout, allow_zero=True)
+        if self._fast and self._all_ready(keys):  # type: ignore[arg-type]
+            ready = len(keys)
+            self._stats.primary_hit += ready
+        else:
+            ks, results = await self._scan_prefix(keys, req)
+            first_miss = results.index(_MISS) if _MISS in results else len(results)
+            if _RETRY in results[:first_miss]:
+                with contextlib.suppress(TimeoutError):
+                    await self._reads.wait(ks[:first_miss], timeout)
+            ready = self._core.ready_prefix(ks)
+        outcome = "complete" if ready == len(keys) else "partial" if ready else "none"
+        self._stats.count("prefetches", outcome)
+        return ready
+
+    async def _scan_prefix(
+        self, keys: Sequence[bytes | str], req: RequestContext | None
+    ) -> tuple[list[bytes], list[LookupResult]]:
+        """The slow path of ``lookup_prefix`` and ``prefetch``: every key's answer."""
         ks = normalize_keys(keys)
         self._check_open()
         rs = self._request(req)
         results = await self._reads.scan(ks, rs, -1, prefix=True)
         self._maybe_flush()
-        first_miss = results.index(_MISS) if _MISS in results else len(results)
         if self._core.sightings:
+            first_miss = results.index(_MISS) if _MISS in results else len(results)
             self._core.saw(ks[: first_miss + 1])  # each key up to where the prefix stops
-        if _RETRY in results and results.index(_RETRY) < first_miss:
-            return None  # something before the first MISS is on its way
-        return first_miss  # every answer before it is a HIT
+        return ks, results
 
     async def wait(
         self, keys: Sequence[bytes | str], *, timeout: float | None = None
@@ -553,6 +581,19 @@ class TieringEngine:
             if t is tier or t.name == tier:
                 return i
         raise ValueError(f"exclude_tier {tier!r} is not one of this engine's secondary tiers")
+
+
+def _key_sequence(
+    keys: Sequence[bytes | str], req: RequestContext | None
+) -> Sequence[bytes | str]:
+    """``keys`` as a list or tuple (an iterator is read once), after the checks that come first."""
+    if isinstance(keys, str | bytes):
+        raise TypeError("keys must be a sequence of keys, not a single str or bytes key")
+    if keys.__class__ is not list and keys.__class__ is not tuple:
+        keys = list(keys)
+    if req is not None and req.__class__ is not RequestContext:
+        check_req(req)
+    return keys
 
 
 def _check_admission(

@@ -49,6 +49,7 @@ def test_environment_variables() -> None:
         "AIOTIER_ENGINE_MAX_INFLIGHT_PROMOTIONS": "8",
         "AIOTIER_ENGINE_IMMUTABLE_KEYS": "true",
         "AIOTIER_ENGINE_ADMISSION": "memory=after:3, primary=all",
+        "AIOTIER_ENGINE_MAX_PROMOTION_SHARE": "0.5",
         "AIOTIER_TIERS_0_TYPE": "memory",
         "AIOTIER_TIERS_0_CAPACITY_BYTES": "4096",
         "PATH": "/usr/bin",
@@ -56,7 +57,7 @@ def test_environment_variables() -> None:
     assert config_from_env(env)["tiers"] == [{"type": "memory", "capacity_bytes": "4096"}]
     engine = engine_from_env(env)
     assert engine.primary.num_blocks == 16 and engine.max_inflight_promotions == 8
-    assert engine.immutable_keys is True
+    assert engine.immutable_keys is True and engine.max_promotion_share == 0.5
     assert {k: repr(v) for k, v in engine.admission.items()} == {
         "memory": "AdmitAfter(3)",
         "primary": "AdmitAll()",

@@ -143,6 +143,16 @@ class EngineCore:
             return _HIT if self.readmit(k, data, protected) else _MISS
         return None
 
+    def ready_prefix(self, ks: Iterable[bytes]) -> int:
+        """How many leading keys are loadable now."""
+        ready = self.table.ready_slot
+        n = 0
+        for k in ks:
+            if ready(k) is None:
+                break
+            n += 1
+        return n
+
     def settled_answers(self, ks: Iterable[bytes]) -> list[LookupResult]:
         index, state = self.table.index, self.table.state
         return [

@@ -79,6 +79,9 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("admissions", "aiotier.admissions", "aiotier_admissions_total", _C, "1",
               ("tier", "decision"),
               "Blocks a tier's admission policy let in (admitted) or kept out (rejected)."),
+    MetricDef("prefetches", "aiotier.prefetches", "aiotier_prefetches_total", _C, "1",
+              ("outcome",),
+              "Prefetches by what was ready at their deadline: complete, partial or none."),
     MetricDef("tier_usage", "aiotier.tier_usage", "aiotier_tier_usage_bytes", _G, "By",
               ("tier",), "Bytes held by each tier, read when metrics are collected."),
 )  # fmt: skip

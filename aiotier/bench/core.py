@@ -15,7 +15,16 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import MemoryTier, PrimaryTier, RequestContext, TieringEngine
+from .. import (
+    AdmissionPolicy,
+    AdmitAfter,
+    AdmitAll,
+    LookupResult,
+    MemoryTier,
+    PrimaryTier,
+    RequestContext,
+    TieringEngine,
+)
 from .common import Case, Measure, alternate, note_missing
 from .counting import CallCounter, CountingMeterProvider
 
@@ -638,6 +647,69 @@ async def _metrics_overhead(quick: bool) -> list[Case]:
     return [await metrics_overhead(8 if quick else 40, 3 if quick else 15)]
 
 
+def scan_polluted_trace(rounds: int, hot: int = 48, scan: int = 80, seed: int = 5) -> list[bytes]:
+    """A hot working set looked up again and again, interleaved with one-off scans."""
+    rng = random.Random(seed)
+    trace: list[bytes] = []
+    for r in range(rounds):
+        for _ in range(3):
+            trace += [b"hot-%d" % rng.randrange(hot) for _ in range(hot)]
+        trace += [b"scan-%d-%d" % (r, i) for i in range(scan)]
+    return trace
+
+
+async def policy_hit_ratio(policy: str, admission: AdmissionPolicy | None, trace: list[bytes],
+                           blocks: int) -> float:  # fmt: skip
+    """Hits per lookup when a scheduler replays ``trace``: a HIT is loaded and touched, a MISS
+    stored (what the primary admits of it)."""
+    primary = PrimaryTier(blocks, 16, policy=policy)
+    engine = TieringEngine(primary, admission={"primary": admission} if admission else None)
+    hits = 0
+    async with engine:
+        for i, key in enumerate(trace):
+            req = RequestContext(f"r{i}")
+            if await engine.lookup(key, req) is LookupResult.HIT:
+                hits += 1
+                engine.prepare_load([key], req)
+                engine.complete_load([key], req)
+                engine.touch([key])
+            else:
+                out = engine.prepare_store([key], req)
+                if out is not None and out.keys_to_store:
+                    engine.complete_store(list(out.keys_to_store), req, sizes=[0])
+            engine.end_step(finished_req_ids=[req.req_id])
+    return hits / len(trace)
+
+
+async def policy_cases(rounds: int) -> list[Case]:
+    """Hit ratio of LRU and ARC, with no admission, AdmitAfter(2) and AdmitAfter(3), on a
+    scan-polluted trace through the scheduler path (lookup, then load or store); the floor is
+    plain LRU on the same trace. A lookup and the store after it are two sightings, so
+    AdmitAfter(2) admits every block looked up once before its store: AdmitAfter(3) is the one
+    that keeps one-off blocks out."""
+    trace = scan_polluted_trace(rounds)
+    blocks = 64
+    lru = await policy_hit_ratio("lru", None, trace, blocks)
+    out = []
+    for policy in ("lru", "arc"):
+        for admission in (None, AdmitAfter(2), AdmitAfter(3)):
+            ratio = lru if (policy, admission) == ("lru", None) else (
+                await policy_hit_ratio(policy, admission, trace, blocks)
+            )
+            out.append(Case(
+                "policy",
+                {"policy": policy, "admission": repr(admission or AdmitAll()),
+                 "primary_blocks": blocks, "lookups": len(trace), "hot_keys": 48,
+                 "scan_keys_per_round": 80, "via": "lookup; load+touch or store"},
+                "hit ratio", True, ratio, floor=Measure("LRU, no admission", lru),
+            ))  # fmt: skip
+    return out
+
+
+async def _policy(quick: bool) -> list[Case]:
+    return await policy_cases(10 if quick else 40)
+
+
 async def _memory_promote(quick: bool) -> list[Case]:
     return await memory_promote(5 if quick else 15)
 
@@ -657,6 +729,7 @@ CASES: dict[str, CaseRunner] = {
     "memory": _memory,
     "memory_promote": _memory_promote,
     "metrics_overhead": _metrics_overhead,
+    "policy": _policy,
 }
 
 

@@ -39,6 +39,7 @@ async def drive(engine: TieringEngine) -> None:
     assert await engine.put("a", b"a")
     assert await engine.put("b", b"b")  # evicts: write-back to the memory tier
     assert engine.prepare_store(["c", "d", "e"]) is None
+    assert await engine.prefetch(["a"], timeout=0) == 1
     await engine.flush()
     engine.end_step(new_req_ids=["r"])
 
