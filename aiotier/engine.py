@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from opentelemetry.metrics import MeterProvider
 
@@ -26,6 +27,7 @@ from ._core.table import READY
 from ._core.writeback import remove
 from ._engine.cache import CacheCalls
 from ._engine.reads import TierReads
+from ._engine.threads import Guard
 from ._engine.writers import Writers
 from ._types import (
     BlockEvent,
@@ -156,6 +158,7 @@ class TieringEngine:
         ]
         self._hand_over = hand_over
         self._writers: Writers | None = None
+        self._guard = guard = Guard()
         self._core = core = EngineCore(
             primary.arena,
             primary.table,
@@ -174,12 +177,13 @@ class TieringEngine:
             tier_admission=[admission.get(t.name) for t in tiers],
             notify=self._notify_writer,
         )
-        self._writers = Writers(core, tiers, hand_over, self.io_timeout)
-        self._reads = TierReads(core, tiers, self.promotion_timeout)
+        self._writers = Writers(core, tiers, hand_over, self.io_timeout, guard)
+        self._reads = TierReads(core, tiers, self.promotion_timeout, guard)
         self._cache = CacheCalls(
             core,
             tiers,
             self._reads,
+            guard,
             wait=lambda ks, timeout: self.wait(ks, timeout=timeout),
             promotion_timeout=self.promotion_timeout,
             io_timeout=self.io_timeout,
@@ -210,6 +214,11 @@ class TieringEngine:
     def _notify_writer(self, ti: int) -> None:
         if self._writers is not None:
             self._writers.notify(ti)
+
+    def _share_with_threads(self, lock: AbstractContextManager[Any]) -> None:
+        """Threads other than the loop's will call in (``BlockingEngine``): every core
+        transition takes ``lock``, on the loop too. Call before ``open``."""
+        self._guard.share(lock)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -252,6 +261,7 @@ class TieringEngine:
                     await asyncio.wait_for(t.aclose(), self.io_timeout)
             raise
         self._opened = True
+        self._guard.bind()
         self._fast = not self._core.sightings
         for t, hand_over in zip(self.tiers, self._hand_over, strict=True):
             t.configure_evictions(hand_over=hand_over)
@@ -269,34 +279,39 @@ class TieringEngine:
         Nothing outlives the call: no task, pin or file handle. ``flush=False`` skips the
         write-down of blocks that live only in the primary.
         """
-        core = self._core
-        if core.closed:
-            return
-        core.closed = True
-        self._fast = False
+        core, lock = self._core, self._guard.lock
+        with lock:
+            if core.closed:
+                return
+            core.closed = True
+            self._fast = False
         if self._ticker is not None:
             self._ticker.cancel()
             await asyncio.gather(self._ticker, return_exceptions=True)
         await self._reads.cancel(self.io_timeout)
-        core.release_all()
+        with lock:
+            core.release_all()
         if self._opened:
             assert self._writers is not None
-            # copies a failed write or remove may have left behind are the one thing a restart
-            # would not know to avoid: try once more to remove them (a write-down follows them)
-            for ti in range(len(self.tiers)):
-                for k in core.coherence.stale_keys(ti):
-                    core.writes.push(ti, remove(k))
-            if flush and self.write_policy == "write_back" and self.tiers:
-                core.write_down_primary(
-                    next((i for i, t in enumerate(self.tiers) if t.persistent), 0)
-                )
+            with lock:
+                # copies a failed write or remove may have left behind are the one thing a
+                # restart would not know to avoid: try once more to remove them (a write-down
+                # follows them)
+                for ti in range(len(self.tiers)):
+                    for k in core.coherence.stale_keys(ti):
+                        core.writes.push(ti, remove(k))
+                if flush and self.write_policy == "write_back" and self.tiers:
+                    core.write_down_primary(
+                        next((i for i, t in enumerate(self.tiers) if t.persistent), 0)
+                    )
             await self._writers.drain(self.io_timeout * 2, discard=True)
             await self._writers.stop()
             for t in reversed(self.tiers):
                 try:
                     await asyncio.wait_for(t.aclose(), self.io_timeout)
                 except Exception:
-                    core.stats.count("tier_errors", t.name, "close")
+                    with lock:
+                        core.stats.count("tier_errors", t.name, "close")
         self._flush_metrics()
 
     def _check_open(self) -> None:
@@ -329,14 +344,15 @@ class TieringEngine:
             self._stats.primary_hit += 1
             return _HIT
         k = normalize_key(key)
-        self._check_open()
         exclude = self._tier_index(exclude_tier)
-        rs = self._request(req)
-        if self._core.sightings:
-            self._core.saw([k])
-        if self._core.table.ready_slot(k) is not None:  # a str key hits here
-            self._stats.primary_hit += 1
-            return _HIT
+        with self._guard.lock:
+            self._check_open()
+            rs = self._request(req)
+            if self._core.sightings:
+                self._core.saw([k])
+            if self._core.table.ready_slot(k) is not None:  # a str key hits here
+                self._stats.primary_hit += 1
+                return _HIT
         results = await self._reads.scan([k], rs, exclude, prefix=False)
         self._maybe_flush()
         return results[0]
@@ -380,9 +396,11 @@ class TieringEngine:
             if _RETRY in results[:first_miss]:
                 with contextlib.suppress(TimeoutError):
                     await self._reads.wait(ks[:first_miss], timeout)
-            ready = self._core.ready_prefix(ks)
+            with self._guard.lock:
+                ready = self._core.ready_prefix(ks)
         outcome = "complete" if ready == len(keys) else "partial" if ready else "none"
-        self._stats.count("prefetches", outcome)
+        with self._guard.lock:
+            self._stats.count("prefetches", outcome)
         return ready
 
     async def _scan_prefix(
@@ -390,13 +408,15 @@ class TieringEngine:
     ) -> tuple[list[bytes], list[LookupResult]]:
         """The slow path of ``lookup_prefix`` and ``prefetch``: every key's answer."""
         ks = normalize_keys(keys)
-        self._check_open()
-        rs = self._request(req)
+        with self._guard.lock:
+            self._check_open()
+            rs = self._request(req)
         results = await self._reads.scan(ks, rs, -1, prefix=True)
         self._maybe_flush()
         if self._core.sightings:
             first_miss = results.index(_MISS) if _MISS in results else len(results)
-            self._core.saw(ks[: first_miss + 1])  # each key up to where the prefix stops
+            with self._guard.lock:
+                self._core.saw(ks[: first_miss + 1])  # each key up to where the prefix stops
         return ks, results
 
     async def wait(
@@ -419,9 +439,10 @@ class TieringEngine:
     ) -> LoadSpec:
         """Pin every key (each must be a HIT) and return read-only views of their bytes."""
         ks = normalize_keys(keys)
-        self._check_open()
         check_req(req)
-        return self._core.prepare_load(ks, None if req is None else req.req_id)
+        with self._guard.lock:
+            self._check_open()
+            return self._core.prepare_load(ks, None if req is None else req.req_id)
 
     def complete_load(
         self, keys: Sequence[bytes | str], req: RequestContext | None = None
@@ -429,20 +450,24 @@ class TieringEngine:
         """Unpin blocks loaded with ``prepare_load`` (and the request's promotion pins on them)."""
         ks = normalize_keys(keys)
         check_req(req)
-        self._core.complete_load(ks, None if req is None else req.req_id)
+        with self._guard.lock:
+            self._core.complete_load(ks, None if req is None else req.req_id)
 
     def touch(self, keys: Iterable[bytes | str]) -> None:
         """Mark blocks as recently used."""
-        self._core.touch(normalize_keys(keys))
+        ks = normalize_keys(keys)
+        with self._guard.lock:
+            self._core.touch(ks)
 
     def prepare_store(
         self, keys: Sequence[bytes | str], req: RequestContext | None = None
     ) -> PrepareStoreOutput | None:
         """Allocate primary blocks for the keys not yet present; None (nothing changed) if full."""
         ks = normalize_keys(keys)
-        self._check_open()
         check_req(req)
-        return self._core.prepare_store(ks, None if req is None else req.req_id)
+        with self._guard.lock:
+            self._check_open()
+            return self._core.prepare_store(ks, None if req is None else req.req_id)
 
     def complete_store(
         self,
@@ -454,11 +479,12 @@ class TieringEngine:
     ) -> None:
         """Make prepared blocks loadable (``sizes`` gives lengths), or free them on failure."""
         ks = normalize_keys(keys)
-        self._check_open()
         check_req(req)
-        self._core.complete_store(
-            ks, None if req is None else req.req_id, success=success, sizes=sizes
-        )
+        with self._guard.lock:
+            self._check_open()
+            self._core.complete_store(
+                ks, None if req is None else req.req_id, success=success, sizes=sizes
+            )
 
     # ------------------------------------------------------------------ cache API
 
@@ -469,10 +495,11 @@ class TieringEngine:
         it waits for it and copies it out.
         """
         k = normalize_key(key)
-        self._check_open()
         check_req(req)  # a get is observed as its own anonymous request: no state kept
-        if self._core.sightings:
-            self._core.saw([k])
+        with self._guard.lock:
+            self._check_open()
+            if self._core.sightings:
+                self._core.saw([k])
         try:
             return await self._cache.get(k)
         finally:
@@ -480,6 +507,10 @@ class TieringEngine:
 
     async def put(self, key: bytes | str, data: bytes | bytearray | memoryview) -> bool:
         """Store ``data`` in the primary, replacing the key everywhere; False when no room."""
+        return self._put(key, data)
+
+    def _put(self, key: bytes | str, data: bytes | bytearray | memoryview) -> bool:
+        """``put`` awaits nothing: a caller's thread can run it too (``BlockingEngine``)."""
         k = normalize_key(key)
         if not isinstance(data, bytes | bytearray | memoryview):
             raise TypeError(f"data must be bytes-like, got {type(data).__name__}")
@@ -491,13 +522,15 @@ class TieringEngine:
         bs = self.primary.block_size
         if n > bs:
             raise ValueError(f"data for block {k[:64]!r} is {n} bytes, block_size is {bs}")
-        self._check_open()
-        return self._core.put(k, data)
+        with self._guard.lock:
+            self._check_open()
+            return self._core.put(k, data)
 
     async def delete(self, key: bytes | str) -> bool:
         """Remove the block from every tier; True if any tier had it."""
         k = normalize_key(key)
-        self._check_open()
+        with self._guard.lock:
+            self._check_open()
         return await self._cache.delete(k)
 
     async def flush(self, timeout: float | None = None) -> None:
@@ -515,7 +548,8 @@ class TieringEngine:
 
     def take_events(self) -> list[BlockEvent]:
         """Stored and removed events since the last call."""
-        return self._core.take_events()
+        with self._guard.lock:
+            return self._core.take_events()
 
     def end_step(
         self, *, new_req_ids: Iterable[str] = (), finished_req_ids: Iterable[str] = ()
@@ -523,12 +557,14 @@ class TieringEngine:
         """The schedule-step boundary: observe delays, release expired pins, export metrics."""
         new = str_ids("new_req_ids", new_req_ids)
         finished = str_ids("finished_req_ids", finished_req_ids)
-        self._core.end_step(new, finished)
+        with self._guard.lock:
+            self._core.end_step(new, finished)
         self._flush_metrics()
 
     def _flush_metrics(self) -> None:
-        snap = self._core.take_step([t.evictions for t in self.tiers])
-        self._telemetry.flush(snap)
+        with self._guard.lock:
+            snap = self._core.take_step([t.evictions for t in self.tiers])
+        self._telemetry.flush(snap)  # the SDK takes its own locks: not under the engine's
 
     def _maybe_flush(self) -> None:
         """Without a scheduler calling end_step, keep the sample buffers bounded."""
@@ -545,14 +581,16 @@ class TieringEngine:
     def stats(self) -> EngineStats:
         """A snapshot: per-tier usage, promotions in flight, pinned blocks, counters."""
         core = self._core
-        return EngineStats(
-            tiers=dict(self._usages()),
-            promotions_in_flight=core.inflight.promoting,
-            pinned_blocks=core.table.pinned(),
-            pending_writes=len(core.writes),
-            step=core.step,
-            counters=dict(core.counters()),
-        )
+        tiers = dict(self._usages())
+        with self._guard.lock:
+            return EngineStats(
+                tiers=tiers,
+                promotions_in_flight=core.inflight.promoting,
+                pinned_blocks=core.table.pinned(),
+                pending_writes=len(core.writes),
+                step=core.step,
+                counters=dict(core.counters()),
+            )
 
     def _usages(self) -> list[tuple[str, TierUsage]]:
         out = [(self.primary.name, self.primary.usage())]
@@ -560,7 +598,8 @@ class TieringEngine:
             try:
                 out.append((t.name, t.usage()))
             except Exception:
-                self._stats.count("tier_errors", t.name, "usage")
+                with self._guard.lock:
+                    self._stats.count("tier_errors", t.name, "usage")
         return out
 
     def _usage_by_tier(self) -> list[tuple[str, int]]:

@@ -500,6 +500,22 @@ class EngineCore:
             self.writes.push(ti, remove(k, callback))
         return present
 
+    def cached(self, k: bytes) -> bytes | None:
+        """``get``'s hit: the bytes of ``k`` from the primary, or on their way down (put back
+        into the primary if there is room), counted as a primary hit; None otherwise.
+
+        Bytes on their way down are the newest unless a store of the key is pending or a
+        promotion of it in flight: then those are awaited instead.
+        """
+        data = self.copy_ready(k)
+        if data is None and k not in self.table.index:
+            data = self.coherence.demoting.get(k)
+            if data is not None:
+                self.readmit(k, data)
+        if data is not None:
+            self.stats.primary_hit += 1
+        return data
+
     def copy_ready(self, k: bytes) -> bytes | None:
         """The bytes of ``k`` if it is loadable from the primary (marking it recently used)."""
         slot = self.table.ready_slot(k)

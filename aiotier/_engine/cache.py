@@ -15,6 +15,7 @@ from .._core.engine_core import EngineCore
 from .._types import LookupResult
 from ..tiers.base import SecondaryTier
 from .reads import TierReads
+from .threads import Guard
 
 __all__ = ["CacheCalls"]
 
@@ -29,6 +30,7 @@ class CacheCalls:
         core: EngineCore,
         tiers: Sequence[SecondaryTier],
         reads: TierReads,
+        guard: Guard,
         *,
         wait: Callable[[Sequence[bytes], float | None], Awaitable[list[LookupResult]]],
         promotion_timeout: float,
@@ -37,6 +39,7 @@ class CacheCalls:
         self._core = core
         self._tiers = tuple(tiers)
         self._reads = reads
+        self._guard = guard
         self._wait = wait  # the engine's public wait: get is observed like any other caller
         self._promotion_timeout = promotion_timeout
         self._io_timeout = io_timeout
@@ -47,39 +50,37 @@ class CacheCalls:
         Observed as one anonymous request: one sync and one async delay at most, however many
         looks it took.
         """
-        core = self._core
+        core, lock = self._core, self._guard.lock
         stats = core.stats
-        data = core.copy_ready(k)
+        with lock:
+            data = core.cached(k)
         if data is not None:
-            stats.primary_hit += 1
-            return data
-        # bytes on their way down are the newest, unless a store of the key is pending (or a
-        # promotion of it in flight): then that is awaited below
-        data = None if k in core.table.index else core.coherence.demoting.get(k)
-        if data is not None:
-            stats.primary_hit += 1
-            core.readmit(k, data)
             return data
         deferred: float | None = None
         sync: float | None = None
         try:
             for _attempt in range(2):  # a second look if the block moved down while promoting
-                got = core.in_flight(k)
+                with lock:
+                    got = core.in_flight(k)
+                    if got is None:
+                        stats.primary_miss += 1
+                        scan = core.promotions.begin_below(k)
+                    else:
+                        stats.primary_retry += 1
                 if got is None:
-                    stats.primary_miss += 1
-                    scan = core.promotions.begin_below(k)
                     started = _now()
                     await self._reads.consult(scan)
                     if scan.consulted:
                         sync = (sync or 0.0) + _now() - started
-                    self._reads.start(core.promotions.place(scan))
+                    with lock:
+                        batches = core.promotions.place(scan)
+                    self._reads.start(batches)
                     if scan.unplaced:
                         return await self._read_around(k, scan.unplaced[0][1])
-                    got = core.in_flight(k)
-                    if got is None:  # nothing in flight: a concurrent call may have landed it
-                        return core.copy_ready(k) or core.coherence.demoting.get(k)
-                else:
-                    stats.primary_retry += 1
+                    with lock:
+                        got = core.in_flight(k)
+                        if got is None:  # nothing in flight: a concurrent call may have landed it
+                            return core.copy_ready(k) or core.coherence.demoting.get(k)
                 if deferred is None:
                     deferred = _now()
                 data = await self._await_block(k, got[0])
@@ -87,57 +88,66 @@ class CacheCalls:
                     return data
             return None
         finally:
-            if sync is not None:
-                stats.observe("sync_delay", sync)
-            if deferred is not None:
-                stats.observe("async_delay", _now() - deferred)
+            with lock:
+                if sync is not None:
+                    stats.observe("sync_delay", sync)
+                if deferred is not None:
+                    stats.observe("async_delay", _now() - deferred)
 
     async def _await_block(self, k: bytes, slot: int) -> bytes | None:
         """Wait for the block in flight in ``slot`` and copy it out (pinned meanwhile)."""
-        core = self._core
-        core.table.pin(slot)  # not evicted between landing and being copied out
+        core, lock = self._core, self._guard.lock
+        with lock:
+            core.table.pin(slot)  # not evicted between landing and being copied out
         try:
             with contextlib.suppress(TimeoutError):
                 await self._wait([k], self._promotion_timeout + 1.0)
-            if core.table.ready_slot(k) == slot:
-                return core.arena.read(slot)
-            # replaced by a put meanwhile (the newer bytes), or pushed down while promoting
-            return core.copy_ready(k) or core.coherence.demoting.get(k)
+            with lock:
+                if core.table.ready_slot(k) == slot:
+                    return core.arena.read(slot)
+                # replaced by a put meanwhile (the newer bytes), or pushed down while promoting
+                return core.copy_ready(k) or core.coherence.demoting.get(k)
         finally:
-            core.table.unpin(slot)
+            with lock:
+                core.table.unpin(slot)
 
     async def _read_around(self, k: bytes, ti: int) -> bytes | None:
         """A block tier ``ti`` has but the primary has no room for: read it privately.
 
         If it moved down meanwhile, it is on its way (``demoting``) or in a tier below.
         """
-        core = self._core
+        core, lock = self._core, self._guard.lock
         coherence = core.coherence
         buf = bytearray(core.arena.block_size)
         for tj in range(ti, len(self._tiers)):
             if tj > ti:
-                data = coherence.demoting.get(k)
-                if data is not None:
-                    return data
-                if not coherence.may_read(tj, k):
-                    continue
+                with lock:
+                    data = coherence.demoting.get(k)
+                    if data is not None:
+                        return data
+                    if not coherence.may_read(tj, k):
+                        continue
             tier = self._tiers[tj]
             try:
                 async with asyncio.timeout(self._promotion_timeout):
                     n = await tier.read_into(k, memoryview(buf))
             except Exception:
-                core.stats.count("tier_errors", tier.name, "read")
+                with lock:
+                    core.stats.count("tier_errors", tier.name, "read")
                 return None
             if n >= 0:
-                core.stats.count("read_bytes", tier.name, n=n)
+                with lock:
+                    core.stats.count("read_bytes", tier.name, n=n)
                 return bytes(buf[:n])
-        return coherence.demoting.get(k)
+        with lock:
+            return coherence.demoting.get(k)
 
     async def delete(self, k: bytes) -> bool:
         """Remove the block from every tier; True if any tier had it."""
         loop = asyncio.get_running_loop()
         futs: list[asyncio.Future[bool]] = [loop.create_future() for _ in self._tiers]
-        present = self._core.delete(k, [partial(_resolve, f) for f in futs])
+        with self._guard.lock:
+            present = self._core.delete(k, [partial(_resolve, f) for f in futs])
         if futs:
             done, _ = await asyncio.wait(futs, timeout=self._io_timeout * 2)
             present = present or any(f.result() for f in done if not f.cancelled())

@@ -20,6 +20,7 @@ from .._core.table import READY
 from .._types import LookupResult
 from ..errors import TieringError
 from ..tiers.base import SecondaryTier
+from .threads import Guard
 
 __all__ = ["TierReads"]
 
@@ -30,9 +31,14 @@ class TierReads:
     """Tier lookups and promotion reads for one engine; owns the promotion tasks."""
 
     def __init__(
-        self, core: EngineCore, tiers: Sequence[SecondaryTier], promotion_timeout: float
+        self,
+        core: EngineCore,
+        tiers: Sequence[SecondaryTier],
+        promotion_timeout: float,
+        guard: Guard,
     ) -> None:
         self._core = core
+        self._guard = guard
         self._tiers = tuple(tiers)
         self._timeout = promotion_timeout
         #: promotion tasks not finished yet
@@ -44,20 +50,24 @@ class TierReads:
         self, ks: list[bytes], rs: RequestState | None, exclude: int, *, prefix: bool
     ) -> list[LookupResult]:
         """The slow path of both lookups: primary states, then the tiers, then promotions."""
-        promotions = self._core.promotions
-        scan = promotions.begin(ks, rs, exclude, prefix=prefix)
+        promotions, lock = self._core.promotions, self._guard.lock
+        with lock:
+            scan = promotions.begin(ks, rs, exclude, prefix=prefix)
+            if scan.need and rs is not None:
+                rs.busy += 1  # end_step must not forget a request whose lookup is suspended
         elapsed = 0.0
         if scan.need:
             started = _now()
-            if rs is not None:
-                rs.busy += 1  # end_step must not forget a request whose lookup is suspended
             try:
                 await self.consult(scan)
             finally:
                 if rs is not None:
-                    rs.busy -= 1
+                    with lock:
+                        rs.busy -= 1
             elapsed = _now() - started
-        self.start(promotions.finish(scan, elapsed))
+        with lock:
+            batches = promotions.finish(scan, elapsed)
+        self.start(batches)
         return scan.results
 
     async def cancel(self, timeout: float) -> None:
@@ -71,9 +81,10 @@ class TierReads:
 
     async def consult(self, scan: LookupScan) -> None:
         """Ask each tier, in order, about the keys nobody above it had."""
-        promotions = self._core.promotions
+        promotions, lock = self._core.promotions, self._guard.lock
         for ti, tier in enumerate(self._tiers):
-            keys = promotions.ask(scan, ti)
+            with lock:
+                keys = promotions.ask(scan, ti)
             if not keys:
                 continue
             answers: list[LookupResult] | None
@@ -86,7 +97,8 @@ class TierReads:
                     )
             except Exception:
                 answers = None
-            promotions.answered(scan, ti, answers)
+            with lock:
+                promotions.answered(scan, ti, answers)
 
     def start(self, batches: list[PromotionBatch]) -> None:
         """Read ``batches``: each joins the read of its tier that has not started yet, if any
@@ -112,7 +124,7 @@ class TierReads:
         tier = self._tiers[ti]
         keys = [k for b in batches for k in b.keys] if len(batches) > 1 else batches[0].keys
         slots = [s for b in batches for s in b.slots] if len(batches) > 1 else batches[0].slots
-        views = self._core.arena.slot_views(slots)
+        views = self._core.arena.slot_views(slots)  # the slots stay the read's: no lock needed
         read = asyncio.ensure_future(tier.read_many_into(keys, views))
         read.add_done_callback(_consume)
         outcome = Outcome.OK
@@ -131,35 +143,47 @@ class TierReads:
         finally:
             if not read.done():
                 read.cancel()
-            promotions = self._core.promotions
-            held = promotions.completed(batches, outcome, lengths, read_stopped=read.done())
+            with self._guard.lock:
+                held = self._core.promotions.completed(
+                    batches, outcome, lengths, read_stopped=read.done()
+                )
             if held:
-                read.add_done_callback(lambda _: promotions.release_read_pins(held))
+                read.add_done_callback(partial(self._read_stopped, held))
+
+    def _read_stopped(self, slots: list[int], _read: object) -> None:
+        with self._guard.lock:
+            self._core.promotions.release_read_pins(slots)
 
     async def wait(self, ks: Sequence[bytes], timeout: float | None) -> list[LookupResult]:
         """Await until none of ``ks`` is in flight; their settled HIT or MISS."""
-        core = self._core
+        core, lock = self._core, self._guard.lock
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         table = core.table
-        if table.all_ready(ks):
-            return [LookupResult.HIT] * len(ks)
+        with lock:
+            if table.all_ready(ks):
+                return [LookupResult.HIT] * len(ks)
         index, state = table.index, table.state
         for k in ks:
-            slot = index.get(k)
-            if slot is None or state[slot] == READY:
-                continue  # settled: no need to ask further
-            if await self._wait_one(k, deadline, timeout) and table.all_ready(ks):
-                return [LookupResult.HIT] * len(ks)  # the others landed meanwhile too
-        return core.settled_answers(ks)
+            with lock:
+                slot = index.get(k)
+                if slot is None or state[slot] == READY:
+                    continue  # settled: no need to ask further
+            if await self._wait_one(k, deadline, timeout):
+                with lock:
+                    if table.all_ready(ks):
+                        return [LookupResult.HIT] * len(ks)  # the others landed meanwhile too
+        with lock:
+            return core.settled_answers(ks)
 
     async def _wait_one(self, k: bytes, deadline: float | None, timeout: float | None) -> bool:
         """Await until ``k`` is not in flight; whether that took any waiting."""
-        core = self._core
+        core, lock = self._core, self._guard.lock
         loop = asyncio.get_running_loop()
         waited = False
         while not core.closed:
-            got = core.in_flight(k)
+            with lock:
+                got = core.in_flight(k)
             if got is None:
                 break
             limit = got[1]
@@ -169,15 +193,17 @@ class TierReads:
                     raise TimeoutError(f"block {k[:64]!r} still in flight after {timeout}s")
                 limit = min(limit, left)
             fut: asyncio.Future[None] = loop.create_future()
-            waiter = partial(_wake, fut)
-            core.inflight.add_waiter(k, waiter)
+            waiter = partial(self._guard.call, _wake, fut)  # may be settled from another thread
+            with lock:
+                core.inflight.add_waiter(k, waiter)
             waited = True
             try:
                 await asyncio.wait_for(fut, limit)
             except TimeoutError:
                 pass  # still in flight, or a store's RETRY window ran out: asked again
             finally:
-                core.inflight.remove_waiter(k, waiter)
+                with lock:
+                    core.inflight.remove_waiter(k, waiter)
         return waited
 
 

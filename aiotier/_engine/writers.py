@@ -15,6 +15,7 @@ from .._core.engine_core import EngineCore
 from .._core.writeback import OpKind, WriteOp
 from ..errors import TieringError
 from ..tiers.base import SecondaryTier
+from .threads import Guard
 
 __all__ = ["Writers", "bounded_call"]
 
@@ -43,8 +44,10 @@ class Writers:
         tiers: Sequence[SecondaryTier],
         hand_over: Sequence[bool],
         io_timeout: float,
+        guard: Guard,
     ) -> None:
         self._core = core
+        self._guard = guard
         self._tiers = tuple(tiers)
         self._hand_over = tuple(hand_over)
         self._io_timeout = io_timeout
@@ -54,7 +57,10 @@ class Writers:
         self._tasks: list[asyncio.Task[None]] = []
 
     def notify(self, ti: int) -> None:
-        """An op was queued for tier ``ti`` (the core calls this)."""
+        """An op was queued for tier ``ti`` (the core calls this, maybe from another thread)."""
+        self._guard.call(self._wake, ti)
+
+    def _wake(self, ti: int) -> None:
         self._idle.clear()
         if self._wakeups:
             self._wakeups[ti].set()
@@ -76,27 +82,35 @@ class Writers:
     async def drain(self, timeout: float, *, discard: bool) -> None:
         """Await every queued write and remove; past ``timeout`` drop them (and count them)
         when ``discard``, else raise ``TimeoutError`` leaving them queued."""
-        writes = self._core.writes
+        writes, lock = self._core.writes, self._guard.lock
         try:
             async with asyncio.timeout(timeout):
-                while not writes.idle():
+                while True:
+                    with lock:
+                        if writes.idle():
+                            break
                     self._idle.clear()
                     await self._idle.wait()
         except TimeoutError:
+            with lock:
+                queued = len(writes)
+                if discard:
+                    writes.drop_all()
             if not discard:
                 raise TimeoutError(
-                    f"{len(writes)} tier operations still queued after {timeout}s"
+                    f"{queued} tier operations still queued after {timeout}s"
                 ) from None
-            writes.drop_all()
 
     async def _run(self, ti: int) -> None:
         """Apply tier ``ti``'s queued writes and removes in order, batching neighbours."""
-        writes = self._core.writes
+        writes, lock = self._core.writes, self._guard.lock
         wakeup = self._wakeups[ti]
         while True:
-            batch = writes.next_batch(ti)
+            with lock:
+                batch = writes.next_batch(ti)
+                idle = not batch and writes.idle()
             if not batch:
-                if writes.idle():
+                if idle:
                     self._idle.set()
                 wakeup.clear()
                 await wakeup.wait()
@@ -107,7 +121,8 @@ class Writers:
                 else:
                     await self._remove(ti, batch)
             finally:
-                writes.finished(ti, batch)
+                with lock:
+                    writes.finished(ti, batch)
 
     async def _write(self, ti: int, batch: list[WriteOp]) -> None:
         tier = self._tiers[ti]
@@ -117,10 +132,12 @@ class Writers:
             handed, gone = tier.take_evicted(), []
         else:
             handed, gone = [], tier.take_evicted_keys()
-        self._core.writes.writes_applied(ti, batch, errors, handed, gone)
+        with self._guard.lock:
+            self._core.writes.writes_applied(ti, batch, errors, handed, gone)
 
     async def _remove(self, ti: int, batch: list[WriteOp]) -> None:
         tier = self._tiers[ti]
         keys = [op.key for op in batch]
         answers = await bounded_call(tier, tier.remove_many(keys), len(keys), self._io_timeout)
-        self._core.writes.removes_applied(ti, batch, answers)
+        with self._guard.lock:
+            self._core.writes.removes_applied(ti, batch, answers)
