@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 from blockbuster import blockbuster_ctx
 from redis_fixtures import *  # noqa: F403
+from seaweedfs_fixtures import *  # noqa: F403
 
 
 @pytest.fixture(autouse=True)
