@@ -215,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--primary-mib", type=int)
     demo.add_argument("--ssd-dir")
     demo.add_argument("--redis", dest="redis_url", metavar="URL")
+    demo.add_argument(
+        "--s3", dest="s3_url", metavar="URL",
+        help="add an object store tier: s3://BUCKET/PREFIX/ or http://HOST:PORT/BUCKET/PREFIX/",
+    )  # fmt: skip
     demo.add_argument("--metrics-port", type=int)
     demo.add_argument("--json", metavar="FILE")
     demo.add_argument("--config", metavar="FILE", help="a TOML file with a [demo] table")

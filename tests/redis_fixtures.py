@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from processes import free_ports, reap
+
+from aiotier.bench.servers import free_ports, reap
 
 __all__ = [
     "RedisServer",

@@ -191,6 +191,26 @@ class ObjectStoreTier(SecondaryTier):
         self.inflight = 0
         self.max_inflight = 0
 
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> ObjectStoreTier:
+        """A tier from one URL: ``s3://BUCKET/PREFIX/`` (AWS) or
+        ``http(s)://HOST:PORT/BUCKET/PREFIX/`` (another server, path-style); without a
+        prefix, the default one. ``kwargs`` go to the constructor."""
+        scheme, sep, rest = url.partition("://")
+        scheme = scheme.lower()
+        if not sep or scheme not in ("s3", "http", "https"):
+            raise ConfigError(
+                f"object store URL must be s3://BUCKET/PREFIX/ or "
+                f"http(s)://HOST:PORT/BUCKET/PREFIX/: {url!r}"
+            )
+        if scheme != "s3":
+            host, _, rest = rest.partition("/")
+            kwargs.setdefault("endpoint_url", f"{scheme}://{host}")
+        bucket, _, prefix = rest.partition("/")
+        if prefix:
+            kwargs.setdefault("prefix", prefix if prefix.endswith("/") else prefix + "/")
+        return cls(bucket, **kwargs)
+
     def __repr__(self) -> str:
         return (
             f"<ObjectStoreTier name={self.name!r} bucket={self.bucket!r} prefix={self.prefix!r} "

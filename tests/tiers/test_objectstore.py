@@ -391,7 +391,7 @@ async def test_a_read_only_identity_reads_and_its_writes_fail_without_retries(
 
 
 async def test_no_server_is_a_quick_unavailable_tier_not_an_error_at_open() -> None:
-    from processes import free_ports
+    from aiotier.bench.servers import free_ports
 
     (port,) = free_ports(1)
     t = ObjectStoreTier(
