@@ -1,10 +1,10 @@
 """The object store client behind :class:`~aiotier.tiers.objectstore.ObjectStoreTier`: obstore.
 
 obstore (Rust's ``object_store`` behind a thin Python layer) was chosen over aiobotocore by
-measurement: for 256 KiB-4 MiB objects its concurrent GETs move 1.6-2.8x the bytes per second
-for a third to a half of the CPU, and a GET's body arrives as one buffer owned by Rust, which
-the tier verifies and copies once, straight into the arena view; aiobotocore assembles each body
-in Python ``bytes`` first (``scripts/s3_clients.py`` reproduces the comparison).
+measurement (docs/tiers.md, ``scripts/s3_clients.py``): it is the faster of the two for
+256 KiB-4 MiB objects, and a GET's body arrives as one buffer owned by Rust, which the tier
+verifies and copies once, straight into the arena view, where aiobotocore first assembles each
+body in Python ``bytes``.
 
 This module is the only one that knows obstore: it builds the store, performs the five requests
 the tier needs (HEAD, GET, PUT, bulk DELETE, and a probe) and sorts every failure into one of
