@@ -25,8 +25,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from .. import LookupResult, ObjectStoreTier, PrimaryTier, TieringEngine
-from .common import Case, LoopLagTicker, Measure, alternate, note_missing
+from .. import ObjectStoreTier
+from .common import Case, LoopLagTicker, alternate, engine_promoter, note_missing, promote_case
 from .servers import ACCESS_KEY, BUCKET, SECRET_KEY, SeaweedFS, find_weed
 
 __all__ = ["run", "run_local"]
@@ -107,8 +107,10 @@ async def run(quick: bool, url: str) -> list[Case]:
     stack = contextlib.AsyncExitStack()
     try:
         ticker = LoopLagTicker()
-        cold = await stack.enter_async_context(_engine_promoter(_tier(url, recent_ttl=0), batches))
-        warm = await stack.enter_async_context(_engine_promoter(_tier(url), batches))
+        cold = await stack.enter_async_context(
+            engine_promoter(_tier(url, recent_ttl=0), batches, BLOCK_SIZE)
+        )
+        warm = await stack.enter_async_context(engine_promoter(_tier(url), batches, BLOCK_SIZE))
 
         async def aiotier_round() -> float:
             async with ticker:
@@ -142,63 +144,31 @@ async def run(quick: bool, url: str) -> list[Case]:
         if peer is not None:
             contenders["peer"] = peer
         figures = await alternate(contenders, rounds)
-        lag, floor_lag = ticker.summary_ms(), floor_ticker.summary_ms()
+        params = {
+            "block_size": BLOCK_SIZE,
+            "blocks": blocks,
+            "batch": BATCH,
+            "rounds": rounds,
+            "via": "engine lookup_prefix+wait, HEAD+GET per block",
+            "server": "local SeaweedFS (weed mini), loopback",
+        }
+        hinted = {
+            "with_recent_hints": figures["hinted"],
+            "with_recent_hints_over_floor": figures["hinted"] / figures["floor"],
+        }
         return [
-            Case(
+            promote_case(
                 "object_promote",
-                {
-                    "block_size": BLOCK_SIZE,
-                    "blocks": blocks,
-                    "batch": BATCH,
-                    "rounds": rounds,
-                    "via": "engine lookup_prefix+wait, HEAD+GET per block",
-                    "server": "local SeaweedFS (weed mini), loopback",
-                },
-                "GB/s",
-                True,
-                figures["aiotier"],
-                floor=Measure("obstore GETs into memory (64 concurrent)", figures["floor"]),
-                peer=(
-                    Measure("aiobotocore get_object+read (64 concurrent)", figures["peer"])
-                    if "peer" in figures
-                    else None
-                ),
-                extra={
-                    "with_recent_hints": figures["hinted"],
-                    "with_recent_hints_over_floor": figures["hinted"] / figures["floor"],
-                    "loop_lag_p99_ms": lag["p99_ms"],
-                    "loop_lag_max_ms": lag["max_ms"],
-                    "floor_loop_lag_p99_ms": floor_lag["p99_ms"],
-                    "floor_loop_lag_max_ms": floor_lag["max_ms"],
-                },
+                params,
+                figures,
+                "obstore GETs into memory (64 concurrent)",
+                "aiobotocore get_object+read (64 concurrent)",
+                (ticker, floor_ticker),
+                hinted,
             )
         ]
     finally:
         await stack.aclose()
-
-
-@contextlib.asynccontextmanager
-async def _engine_promoter(
-    tier: ObjectStoreTier, batches: list[list[bytes]]
-) -> AsyncIterator[Callable[[], Awaitable[None]]]:
-    """The scheduler's way: ``lookup_prefix`` of 64 keys (promotions start), then ``wait``.
-
-    The primary holds two batches, so each round promotes every block again from the object
-    store (write policy ``none``: evictions drop, nothing is written back).
-    """
-    primary = PrimaryTier(2 * BATCH, BLOCK_SIZE)
-    engine = TieringEngine(primary, [tier], write_policy="none", promotion_timeout=30.0)
-
-    async def promote() -> None:
-        for batch in batches:
-            await engine.lookup_prefix(batch)
-            results = await engine.wait(batch)
-            if any(r is not LookupResult.HIT for r in results):
-                raise RuntimeError(f"promotion failed: {results[:3]!r}")
-            engine.end_step()
-
-    async with engine:
-        yield promote
 
 
 @contextlib.asynccontextmanager

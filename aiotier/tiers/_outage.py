@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from .._core.breaker import CircuitBreaker
 from ..errors import TierUnavailableError
 
-__all__ = ["ServerGuard"]
+__all__ = ["GuardedTier", "ServerGuard"]
 
 
 class ServerGuard:
@@ -130,3 +130,19 @@ class ServerGuard:
 
     def reopen(self) -> None:
         self.closed = False
+
+
+class GuardedTier:
+    """What a tier with a :class:`ServerGuard` in ``_guard`` tells about its server."""
+
+    _guard: ServerGuard
+
+    @property
+    def available(self) -> bool:
+        """False while the circuit is open (calls fail at once) or the tier is closed."""
+        return self._guard.available
+
+    @property
+    def errors(self) -> int:
+        """Calls that failed for connectivity (timeouts, lost connections, open circuit)."""
+        return self._guard.errors

@@ -33,7 +33,7 @@ from typing import Any, Final, TypeVar
 from .._types import LookupResult
 from ..errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
 from ._object_client import ObstoreClient, Refused, ServerBusy, Unreachable
-from ._outage import ServerGuard
+from ._outage import GuardedTier, ServerGuard
 from .base import SecondaryTier, TierUsage
 from .framing import block_digest, encode_frame, payload_into
 
@@ -81,7 +81,7 @@ class _Recent:
         self._names.pop(name, None)
 
 
-class ObjectStoreTier(SecondaryTier):
+class ObjectStoreTier(GuardedTier, SecondaryTier):
     """Blocks as objects under ``prefix`` in an S3-compatible ``bucket``.
 
     Credentials come from obstore's usual sources, never from code: the ``AWS_ACCESS_KEY_ID`` /
@@ -242,16 +242,6 @@ class ObjectStoreTier(SecondaryTier):
     async def aclose(self) -> None:
         """Stop the probe; later calls fail with :class:`TierUnavailableError`."""
         await self._guard.aclose()
-
-    @property
-    def available(self) -> bool:
-        """False while the circuit is open (calls fail at once) or the tier is closed."""
-        return self._guard.available
-
-    @property
-    def errors(self) -> int:
-        """Calls that failed for connectivity (timeouts, lost connections, open circuit)."""
-        return self._guard.errors
 
     def object_name(self, key: bytes) -> str:
         """The object that holds ``key``: ``prefix`` and 32 hex digits of BLAKE2b."""

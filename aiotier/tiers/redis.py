@@ -37,7 +37,7 @@ from ..errors import (
     TieringError,
     TierUnavailableError,
 )
-from ._outage import ServerGuard
+from ._outage import GuardedTier, ServerGuard
 from ._resp import RespReaderPool, RespServerError
 from .base import SecondaryTier, TierUsage
 from .framing import block_digest, encode_frame, payload_into
@@ -125,7 +125,7 @@ class _Cluster(_SingleServer):
         return sum(int(x) for x in await pipe.execute())
 
 
-class RedisTier(SecondaryTier):
+class RedisTier(GuardedTier, SecondaryTier):
     """Blocks in a Redis/Valkey server or Redis Cluster, shared by every engine that uses it.
 
     ``url`` is handed to redis-py unchanged, so ``redis://user:password@host:6379/0``,
@@ -335,16 +335,6 @@ class RedisTier(SecondaryTier):
             return exc
 
     # -- the call wrapper and the breaker --------------------------------------------------------
-
-    @property
-    def available(self) -> bool:
-        """False while the circuit is open (calls fail at once) or the tier is closed."""
-        return self._guard.available
-
-    @property
-    def errors(self) -> int:
-        """Calls that failed for connectivity (timeouts, lost connections, open circuit)."""
-        return self._guard.errors
 
     def _safe_url(self) -> str:
         """The URL without its password or query string, for messages."""
