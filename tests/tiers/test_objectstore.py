@@ -483,3 +483,44 @@ async def test_without_obstore_the_error_names_the_extra(monkeypatch: pytest.Mon
     monkeypatch.setitem(sys.modules, "obstore", None)
     with pytest.raises(ImportError, match=r"aiotier\[s3\]"):
         ObjectStoreTier("bucket")
+
+
+# -- construction from a URL and from configuration -----------------------------------------------
+
+
+def test_from_url_names_bucket_prefix_and_endpoint() -> None:
+    aws = ObjectStoreTier.from_url("s3://kv-cache/llama3/kv-v1")
+    assert (aws.bucket, aws.prefix, aws.endpoint_url) == ("kv-cache", "llama3/kv-v1/", None)
+    local = ObjectStoreTier.from_url("http://127.0.0.1:8333/kv-cache/", timeout=1.0)
+    assert (local.bucket, local.prefix, local.endpoint_url) == (
+        "kv-cache", "aiotier/", "http://127.0.0.1:8333",
+    )  # fmt: skip
+    assert local.timeout == 1.0
+    with pytest.raises(ConfigError, match="s3://BUCKET"):
+        ObjectStoreTier.from_url("ftp://host/bucket")
+
+
+def test_config_builds_an_object_tier() -> None:
+    from aiotier.config import config_from_env, engine_from_config
+
+    env = {
+        "AIOTIER_PRIMARY_NUM_BLOCKS": "8",
+        "AIOTIER_PRIMARY_BLOCK_SIZE": "4096",
+        "AIOTIER_TIERS_0_TYPE": "s3",
+        "AIOTIER_TIERS_0_BUCKET": "kv-cache",
+        "AIOTIER_TIERS_0_PREFIX": "model-a/",
+        "AIOTIER_TIERS_0_ENDPOINT_URL": "http://127.0.0.1:8333",
+        "AIOTIER_TIERS_0_IMMUTABLE_KEYS": "true",
+        "AIOTIER_TIERS_0_MAX_CONCURRENCY": "8",
+    }
+    (tier,) = engine_from_config(config_from_env(env)).tiers
+    assert isinstance(tier, ObjectStoreTier)
+    assert (tier.bucket, tier.prefix, tier.endpoint_url) == (
+        "kv-cache", "model-a/", "http://127.0.0.1:8333",
+    )  # fmt: skip
+    assert tier.immutable_keys and tier.max_concurrency == 8
+    with pytest.raises(ConfigError, match=r"tiers\[0\]\.secret"):
+        engine_from_config(
+            {"primary": {"num_blocks": 1, "block_size": 64},
+             "tiers": [{"type": "s3", "bucket": "b", "secret": "no credentials in config"}]}
+        )  # fmt: skip

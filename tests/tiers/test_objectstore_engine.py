@@ -5,9 +5,13 @@ wrong bytes, and is used again once it is back."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import random
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import obstore
 import pytest
@@ -236,3 +240,21 @@ async def test_server_killed_mid_load_and_restarted(
     assert probe.value("aiotier_tier_errors_total", tier="object") > 0
     assert probe.value("aiotier_tier_errors_total", tier="object", op="write") > 0
     provider.shutdown()
+
+
+async def test_demo_runs_over_an_object_tier(s3: S3Endpoint, tmp_path: Path) -> None:
+    """``aiotier demo --s3 URL`` as a user runs it: credentials from the environment."""
+    report = tmp_path / "demo.json"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aiotier", "demo", "--steps", "20", "--requests", "80",
+        "--ssd-dir", str(tmp_path / "ssd"), "--json", str(report),
+        "--s3", f"{s3.url}/{s3.bucket}/{s3.prefix}",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "COLUMNS": "120"},
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 300)
+    assert proc.returncode == 0, err.decode()
+    data = json.loads(report.read_text())
+    assert set(data["tiers"]) == {"primary", "memory", "ssd", "object"}
+    assert data["tiers"]["object"]["lookups"] > 0
+    assert b"object" in out
