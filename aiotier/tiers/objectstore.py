@@ -91,7 +91,8 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
     ``endpoint_url`` names a server other than AWS (``http://`` works, for local servers);
     ``region`` defaults to ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, else us-east-1.
 
-    ``timeout`` bounds every call (a batch shares one deadline), retries included;
+    ``timeout`` bounds every call (a batch shares one deadline), retries included; it is below
+    the engine's default ``promotion_timeout`` (5 s), so a slow read ends by the tier's deadline;
     ``connect_timeout`` bounds each connection attempt. ``immutable_keys=True`` declares that a
     key's bytes never change: a write of a key the bucket already holds is skipped (HEAD before
     PUT) and counted in :attr:`skipped_writes`. ``recent_ttl`` / ``recent_capacity`` bound what
@@ -109,7 +110,7 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         region: str | None = None,
         name: str = "object",
         max_concurrency: int = 32,
-        timeout: float = 5.0,
+        timeout: float = 4.0,
         connect_timeout: float = 1.0,
         immutable_keys: bool = False,
         failure_threshold: int = 3,
