@@ -1,9 +1,9 @@
 """aiotier: an asyncio-native tiering engine for blocks of bytes.
 
 A small preallocated primary arena sits over larger, slower secondary tiers (memory, a local
-SSD, a shared Redis/Valkey). Lookups answer HIT, MISS or RETRY; blocks found below the primary
-are promoted by background tasks; metrics are buffered per step and exported through
-OpenTelemetry.
+SSD, a shared Redis/Valkey, an S3-compatible object store). Lookups answer HIT, MISS or RETRY;
+blocks found below the primary are promoted by background tasks; metrics are buffered per step
+and exported through OpenTelemetry.
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -32,6 +32,7 @@ from .errors import (
 )
 from .tiers.base import SecondaryTier, TierUsage
 from .tiers.memory import MemoryTier
+from .tiers.objectstore import ObjectStoreTier  # obstore is imported only when one is created
 from .tiers.primary import PrimaryTier
 from .tiers.redis import RedisTier  # redis-py is imported only when a RedisTier is created
 from .tiers.ssd import SSDTier
@@ -49,6 +50,7 @@ __all__ = [
     "LoadSpec",
     "LookupResult",
     "MemoryTier",
+    "ObjectStoreTier",
     "PrepareStoreOutput",
     "PrimaryTier",
     "RedisTier",

@@ -68,7 +68,8 @@ def _demo(args: argparse.Namespace) -> int:
 # extra figures worth a line of their own under a case in the printed summary
 _HEADLINE_EXTRAS = (
     "python_calls_per_block", "aiotier_over_floor", "primary_hit_rate", "cpu_overhead",
-    "flush_share", "flush_cpu_ms_per_step", "sdk_calls_per_step",
+    "flush_share", "flush_cpu_ms_per_step", "sdk_calls_per_step", "with_recent_hints",
+    "with_recent_hints_over_floor",
 )  # fmt: skip
 
 
@@ -96,6 +97,7 @@ def _selected_cases(args: argparse.Namespace) -> set[str]:
 def _bench(args: argparse.Namespace) -> int:
     from . import __version__
     from .bench import CASE_GROUPS, core, ssd
+    from .bench import objectstore as object_bench
     from .bench import redis as redis_bench
     from .bench.common import Case
 
@@ -114,6 +116,9 @@ def _bench(args: argparse.Namespace) -> int:
         if "redis_promote" in wanted:
             print("running redis_promote...", file=sys.stderr)
             cases += await redis_bench.run_local(args.quick)
+        if "object_promote" in wanted:
+            print("running object_promote...", file=sys.stderr)
+            cases += await object_bench.run_local(args.quick)
         return cases
 
     cases = asyncio.run(suite())
@@ -215,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--primary-mib", type=int)
     demo.add_argument("--ssd-dir")
     demo.add_argument("--redis", dest="redis_url", metavar="URL")
+    demo.add_argument(
+        "--s3", dest="s3_url", metavar="URL",
+        help="add an object store tier: s3://BUCKET/PREFIX/ or http://HOST:PORT/BUCKET/PREFIX/",
+    )  # fmt: skip
     demo.add_argument("--metrics-port", type=int)
     demo.add_argument("--json", metavar="FILE")
     demo.add_argument("--config", metavar="FILE", help="a TOML file with a [demo] table")
@@ -224,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--quick", action="store_true", help="a small version, under a minute")
     bench.add_argument("--json", metavar="FILE")
     bench.add_argument("--plot", metavar="FILE.png")
-    bench.add_argument("--only", help="comma-separated groups: core,ssd,redis")
+    bench.add_argument("--only", help="comma-separated groups: core,ssd,redis,s3")
     bench.add_argument(
         "--case", action="append", choices=CASE_NAMES, metavar="NAME",
         help=f"run only this case (repeatable; with --only, both sets): {', '.join(CASE_NAMES)}",

@@ -28,6 +28,12 @@ The shape (TOML shown; a dict of the same shape works)::
     url = "redis://cache:6379/0"
     namespace = "model-a"
 
+    [[tiers]]
+    type = "s3"                  # ObjectStoreTier; credentials from AWS_* variables
+    bucket = "kv-cache"
+    prefix = "model-a/"
+    endpoint_url = "http://127.0.0.1:8333"   # omit for AWS
+
 Every error names the field that was wrong, e.g. ``tiers[1].capacity_bytes``. In the
 environment, ``AIOTIER_ENGINE_ADMISSION="ssd=after:2,primary=tinylfu"`` gives the admission table.
 """
@@ -59,6 +65,9 @@ _TIER_FIELDS: dict[str, dict[str, type]] = {
     "ssd": {"path": str, "capacity_bytes": int, "fsync": bool, "name": str, "io_threads": int},
     "redis": {"url": str, "namespace": str, "ttl": float, "cluster": bool, "name": str,
               "protocol": int, "timeout": float},
+    "s3": {"bucket": str, "prefix": str, "endpoint_url": str, "region": str, "name": str,
+           "max_concurrency": int, "timeout": float, "connect_timeout": float,
+           "immutable_keys": bool, "failure_threshold": int, "probe_interval": float},
 }  # fmt: skip
 
 
@@ -108,6 +117,10 @@ def _tier(where: str, spec: Mapping[str, Any]) -> SecondaryTier:
             from .tiers.ssd import SSDTier
 
             return SSDTier(**args)
+        if kind == "s3":
+            from .tiers.objectstore import ObjectStoreTier
+
+            return ObjectStoreTier(**args)
         from .tiers.redis import RedisTier
 
         return RedisTier(**args)
@@ -221,7 +234,9 @@ def load_demo_config(args: argparse.Namespace) -> Any:
             if key not in known:
                 raise ConfigError(f"demo.{key}: unknown field; expected one of {sorted(known)}")
             setattr(cfg, key, value)
-    for key in ("steps", "requests", "primary_mib", "ssd_dir", "redis_url", "metrics_port"):
+    for key in (
+        "steps", "requests", "primary_mib", "ssd_dir", "redis_url", "s3_url", "metrics_port",
+    ):  # fmt: skip
         value = getattr(args, key, None)
         if value is not None:
             setattr(cfg, key, value)

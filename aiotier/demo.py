@@ -39,6 +39,7 @@ class DemoConfig:
     ssd_mib: int = 512
     ssd_dir: str | None = None
     redis_url: str | None = None
+    s3_url: str | None = None
     metrics_port: int | None = None
     prompts: int = 400
     blocks_per_prompt: int = 16
@@ -111,6 +112,10 @@ async def _tiers(cfg: DemoConfig) -> AsyncIterator[list[SecondaryTier]]:
         from .tiers.redis import RedisTier
 
         tiers.append(RedisTier(cfg.redis_url, namespace="aiotier-demo"))
+    if cfg.s3_url:
+        from .tiers.objectstore import ObjectStoreTier
+
+        tiers.append(ObjectStoreTier.from_url(cfg.s3_url, prefix="aiotier-demo/"))
     try:
         yield tiers
     finally:

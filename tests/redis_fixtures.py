@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from aiotier.bench.servers import free_ports, reap
+
 __all__ = [
     "RedisServer",
     "RedisServerFactory",
@@ -48,10 +50,7 @@ def require_redis_server() -> str:
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    return free_ports(1)[0]
 
 
 def _ping(port: int, timeout: float = 0.5) -> bool:
@@ -132,17 +131,7 @@ class RedisServer:
 
     def _signal_and_reap(self, sig: int) -> None:
         proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            os.kill(proc.pid, sig)  # our own child, by its pid
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-        else:
-            proc.wait()
+        reap(proc, sig)
 
 
 class RedisServerFactory:

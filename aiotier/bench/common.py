@@ -6,11 +6,23 @@ import asyncio
 import contextlib
 import statistics
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["BENCH_EXTRA", "Case", "LoopLagTicker", "Measure", "alternate", "note_missing"]
+if TYPE_CHECKING:
+    from ..tiers.base import SecondaryTier
+
+__all__ = [
+    "BENCH_EXTRA",
+    "Case",
+    "LoopLagTicker",
+    "Measure",
+    "alternate",
+    "engine_promoter",
+    "note_missing",
+    "promote_case",
+]
 
 BENCH_EXTRA = "pip install 'aiotier[bench]'"
 _noted: set[tuple[str, str]] = set()
@@ -130,3 +142,64 @@ class LoopLagTicker:
         lags = sorted(self.lags)
         p99 = lags[min(len(lags) - 1, int(len(lags) * 0.99))]
         return {"p99_ms": p99 * 1e3, "max_ms": lags[-1] * 1e3}
+
+
+@contextlib.asynccontextmanager
+async def engine_promoter(
+    tier: SecondaryTier, batches: list[list[bytes]], block_size: int
+) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """Promote every block of ``batches`` from ``tier`` the scheduler's way: ``lookup_prefix``
+    of one batch (promotions start), then ``wait``, then the step boundary.
+
+    The primary holds two batches, so each call promotes every block again from the tier (the
+    engine's write policy is ``none``: evictions drop, nothing is written back).
+    """
+    from .. import LookupResult, PrimaryTier, TieringEngine
+
+    primary = PrimaryTier(2 * max(len(b) for b in batches), block_size)
+    # the whole primary is a promotion buffer: nothing is stored that would need room
+    engine = TieringEngine(
+        primary, [tier], write_policy="none", promotion_timeout=30.0, max_promotion_share=1.0
+    )
+
+    async def promote() -> None:
+        for batch in batches:
+            await engine.lookup_prefix(batch)
+            results = await engine.wait(batch)
+            if any(r is not LookupResult.HIT for r in results):
+                raise RuntimeError(f"promotion failed: {results[:3]!r}")
+            engine.end_step()
+
+    async with engine:
+        yield promote
+
+
+def promote_case(
+    name: str,
+    params: dict[str, Any],
+    figures: dict[str, float],
+    floor: str,
+    peer: str,
+    tickers: tuple[LoopLagTicker, LoopLagTicker],
+    extra: dict[str, Any] | None = None,
+) -> Case:
+    """A promotion case in GB/s: ``figures`` of ``aiotier``, ``floor`` and (when measured)
+    ``peer``, with the loop lag of the aiotier rounds and, to compare, of the floor's rounds."""
+    lag, floor_lag = (t.summary_ms() for t in tickers)
+    return Case(
+        name,
+        params,
+        "GB/s",
+        True,
+        figures["aiotier"],
+        floor=Measure(floor, figures["floor"]),
+        peer=Measure(peer, figures["peer"]) if "peer" in figures else None,
+        extra={
+            **(extra or {}),
+            "loop_lag_p99_ms": lag["p99_ms"],
+            "loop_lag_max_ms": lag["max_ms"],
+            # the same ticker during the floor's rounds: what the machine itself adds
+            "floor_loop_lag_p99_ms": floor_lag["p99_ms"],
+            "floor_loop_lag_max_ms": floor_lag["max_ms"],
+        },
+    )

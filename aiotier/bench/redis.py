@@ -21,8 +21,16 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from .. import LookupResult, PrimaryTier, RedisTier, TieringEngine
-from .common import BENCH_EXTRA, Case, LoopLagTicker, Measure, alternate, note_missing
+from .. import RedisTier
+from .common import (
+    BENCH_EXTRA,
+    Case,
+    LoopLagTicker,
+    alternate,
+    engine_promoter,
+    note_missing,
+    promote_case,
+)
 
 __all__ = ["local_redis_server", "run", "run_local"]
 
@@ -162,7 +170,7 @@ async def run(quick: bool, url: str) -> list[Case]:
         str_batches = [[k.decode() for k in b] for b in rkey_batches]
 
         ticker = LoopLagTicker()
-        promote = await stack.enter_async_context(_engine_promoter(tier, batches))
+        promote = await stack.enter_async_context(engine_promoter(tier, batches, BLOCK_SIZE))
 
         async def aiotier_round() -> float:
             async with ticker:
@@ -194,35 +202,22 @@ async def run(quick: bool, url: str) -> list[Case]:
         if peer is not None:
             contenders["peer"] = peer_round
         figures = await alternate(contenders, rounds)
-        lag = ticker.summary_ms()
-        floor_lag = floor_ticker.summary_ms()
+        params = {
+            "block_size": BLOCK_SIZE,
+            "blocks": blocks,
+            "batch": BATCH,
+            "rounds": rounds,
+            "via": "engine lookup_prefix+wait",
+            "server": "local redis-server, loopback",
+        }
         return [
-            Case(
+            promote_case(
                 "redis_promote",
-                {
-                    "block_size": BLOCK_SIZE,
-                    "blocks": blocks,
-                    "batch": BATCH,
-                    "rounds": rounds,
-                    "via": "engine lookup_prefix+wait",
-                    "server": "local redis-server, loopback",
-                },
-                "GB/s",
-                True,
-                figures["aiotier"],
-                floor=Measure("redis-py pipelined MGET (64 keys)", figures["floor"]),
-                peer=(
-                    Measure("aiocache RedisCache.get (64 concurrent)", figures["peer"])
-                    if "peer" in figures
-                    else None
-                ),
-                extra={
-                    "loop_lag_p99_ms": lag["p99_ms"],
-                    "loop_lag_max_ms": lag["max_ms"],
-                    # the same ticker during the floor's rounds: what the machine itself adds
-                    "floor_loop_lag_p99_ms": floor_lag["p99_ms"],
-                    "floor_loop_lag_max_ms": floor_lag["max_ms"],
-                },
+                params,
+                figures,
+                "redis-py pipelined MGET (64 keys)",
+                "aiocache RedisCache.get (64 concurrent)",
+                (ticker, floor_ticker),
             )
         ]
     finally:
@@ -235,30 +230,3 @@ async def run(quick: bool, url: str) -> list[Case]:
         if peer is not None:
             await peer.client.aclose()
         await tier.aclose()
-
-
-@contextlib.asynccontextmanager
-async def _engine_promoter(
-    tier: RedisTier, batches: list[list[bytes]]
-) -> AsyncIterator[Callable[[], Awaitable[None]]]:
-    """The scheduler's way: ``lookup_prefix`` of 64 keys (promotions start), then ``wait``.
-
-    The primary holds two batches, so each round promotes every block again from Redis (the
-    engine's write policy is ``none``: evictions drop, nothing is written back).
-    """
-    primary = PrimaryTier(2 * BATCH, BLOCK_SIZE)
-    # the whole primary is a promotion buffer: nothing is stored that would need room
-    engine = TieringEngine(
-        primary, [tier], write_policy="none", promotion_timeout=30.0, max_promotion_share=1.0
-    )
-
-    async def promote() -> None:
-        for batch in batches:
-            await engine.lookup_prefix(batch)
-            results = await engine.wait(batch)
-            if any(r is not LookupResult.HIT for r in results):
-                raise RuntimeError(f"promotion failed: {results[:3]!r}")
-            engine.end_step()
-
-    async with engine:
-        yield promote

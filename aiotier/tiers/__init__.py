@@ -2,7 +2,8 @@
 
 from .base import SecondaryTier, TierUsage
 from .memory import MemoryTier
+from .objectstore import ObjectStoreTier  # imports obstore only when a tier is created
 from .redis import RedisTier  # imports redis-py only when a RedisTier is created
 from .ssd import SSDTier
 
-__all__ = ["MemoryTier", "RedisTier", "SSDTier", "SecondaryTier", "TierUsage"]
+__all__ = ["MemoryTier", "ObjectStoreTier", "RedisTier", "SSDTier", "SecondaryTier", "TierUsage"]

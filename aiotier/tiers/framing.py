@@ -40,9 +40,11 @@ __all__ = [
     "check_header",
     "check_payload",
     "checksum",
+    "encode_frame",
     "encode_header",
     "frame_size",
     "parse_header",
+    "payload_into",
     "verify_payload",
 ]
 
@@ -86,6 +88,26 @@ def frame_size(key: bytes, payload_len: int) -> int:
 def encode_header(key: bytes, payload: Buffer) -> bytes:
     """Header and key for ``payload``; the payload follows it unchanged (no copy made here)."""
     return HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(key), len(payload), checksum(payload)) + key
+
+
+def encode_frame(key: bytes, payload: Buffer) -> bytes:
+    """A whole frame (header, key, payload) as one value, for stores that take one buffer."""
+    return b"".join((encode_header(key, payload), payload))
+
+
+def payload_into(frame: Buffer, key: bytes, buf: memoryview) -> int:
+    """Verify a whole frame of ``key`` and copy its payload into the start of ``buf`` (the only
+    copy made); the payload's length, else :class:`~aiotier.errors.BlockCorruptedError` (a frame
+    that fails :func:`check_header` or :func:`check_payload`) or ``ValueError`` (longer than
+    ``buf``). Messages name the block, not the tier."""
+    mv = memoryview(frame)
+    key_len, n, digest = check_header(mv, key, len(mv))
+    payload = mv[HEADER.size + key_len :]
+    check_payload(payload, key, digest)
+    if n > len(buf):
+        raise ValueError(f"block {key[:64]!r} is {n} bytes, buffer holds {len(buf)}")
+    buf[:n] = payload
+    return n
 
 
 def check_header(

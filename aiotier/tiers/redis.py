@@ -30,7 +30,6 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from .._core.breaker import CircuitBreaker
 from .._types import LookupResult
 from ..errors import (
     BlockCorruptedError,
@@ -38,9 +37,10 @@ from ..errors import (
     TieringError,
     TierUnavailableError,
 )
+from ._outage import GuardedTier, ServerGuard
 from ._resp import RespReaderPool, RespServerError
 from .base import SecondaryTier, TierUsage
-from .framing import HEADER, block_digest, check_header, check_payload, encode_header
+from .framing import block_digest, encode_frame, payload_into
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -125,7 +125,7 @@ class _Cluster(_SingleServer):
         return sum(int(x) for x in await pipe.execute())
 
 
-class RedisTier(SecondaryTier):
+class RedisTier(GuardedTier, SecondaryTier):
     """Blocks in a Redis/Valkey server or Redis Cluster, shared by every engine that uses it.
 
     ``url`` is handed to redis-py unchanged, so ``redis://user:password@host:6379/0``,
@@ -201,19 +201,23 @@ class RedisTier(SecondaryTier):
         self._fast: RespReaderPool | None = None
         self._prefix = namespace.encode("utf-8") + b":"
         self._px = None if ttl is None else max(1, round(ttl * 1000))
-        self._breaker = CircuitBreaker(failure_threshold)
         self._client: Any = None
-        self._probe_task: asyncio.Task[None] | None = None
-        self._closed = False
+        self._guard = ServerGuard(
+            f"redis tier {name!r}",
+            self._safe_url,
+            self._ping,
+            failure_threshold=failure_threshold,
+            probe_interval=probe_interval,
+            timeout=timeout,
+            log=_log,
+        )
         self._use_script = self._deployment.lookup_script
         # What this tier instance wrote and has not seen disappear: redis key -> frame size.
         self._written: dict[bytes, int] = {}
         self._bytes_written = 0
-        #: Calls that failed for connectivity (timeouts, lost connections, open circuit).
-        self.errors = 0
 
     def __repr__(self) -> str:
-        state = self._breaker.state.value
+        state = self._guard.breaker.state.value
         return f"<RedisTier name={self.name!r} namespace={self.namespace!r} circuit={state}>"
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -224,7 +228,7 @@ class RedisTier(SecondaryTier):
         A server that does not answer is not fatal (the circuit opens and the probe reconnects
         later), but one that refuses our credentials or protocol is a configuration error.
         """
-        self._closed = False
+        self._guard.reopen()
         self._ensure_client()
         try:
             async with asyncio.timeout(self.timeout):
@@ -241,20 +245,13 @@ class RedisTier(SecondaryTier):
         except (self._exc.RedisError, OSError, TimeoutError) as exc:
             _log.warning("redis tier %r: server not reachable at open: %s", self.name, exc)
             # Open the circuit at once: there is no point waiting for more failures.
-            self.errors += 1
-            if self._breaker.trip():
-                self._start_probe()
+            self._guard.trip()
         else:
-            self._breaker.success()
+            self._guard.success()
 
     async def aclose(self) -> None:
         """Stop the probe and close every pooled connection."""
-        self._closed = True
-        task, self._probe_task = self._probe_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._guard.aclose()
         fast, self._fast = self._fast, None
         if fast is not None:
             fast.close()
@@ -332,35 +329,12 @@ class RedisTier(SecondaryTier):
         or what is wrong with it (the tier is named by :meth:`_settle_reads`)."""
         if value is None:
             return -1
-        mv = memoryview(value)
         try:
-            key_len, n, digest = check_header(mv, key, len(mv))
-            payload = mv[HEADER.size + key_len :]
-            check_payload(payload, key, digest)
-        except BlockCorruptedError as exc:
+            return payload_into(value, key, buf)
+        except (BlockCorruptedError, ValueError) as exc:
             return exc
-        if n > len(buf):
-            return ValueError(f"block {key[:64]!r} is {n} bytes, buffer holds {len(buf)}")
-        buf[:n] = payload
-        return n
 
     # -- the call wrapper and the breaker --------------------------------------------------------
-
-    @property
-    def available(self) -> bool:
-        """False while the circuit is open (calls fail at once) or the tier is closed."""
-        return not self._closed and not self._breaker.is_open
-
-    def _check_available(self, op: str) -> None:
-        if self._closed:
-            raise TierUnavailableError(f"redis tier {self.name!r} is closed ({op})")
-        if self._breaker.is_open:
-            self.errors += 1
-            raise TierUnavailableError(
-                f"redis tier {self.name!r}: circuit open for {self._breaker.open_for():.3g}s "
-                f"after {self._breaker.failures} failed calls to {self._safe_url()}; {op} not "
-                f"attempted"
-            )
 
     def _safe_url(self) -> str:
         """The URL without its password or query string, for messages."""
@@ -370,49 +344,20 @@ class RedisTier(SecondaryTier):
         return head + sep + tail
 
     def _record_failure(self) -> None:
-        self.errors += 1
         if self._fast is not None:
             self._fast.close()  # idle raw connections may be dead too; dial afresh later
-        if self._breaker.failure():
-            _log.warning(
-                "redis tier %r: circuit opened after %d failures; probing every %.3gs",
-                self.name,
-                self._breaker.failures,
-                self.probe_interval,
-            )
-            self._start_probe()
+        self._guard.failure()
 
-    def _start_probe(self) -> None:
-        if self._probe_task is None or self._probe_task.done():
-            self._probe_task = asyncio.get_running_loop().create_task(
-                self._probe_loop(), name=f"aiotier-redis-probe-{self.name}"
-            )
-
-    async def _probe_loop(self) -> None:
-        """PING until the server answers, then close the circuit."""
-        while self._breaker.is_open and not self._closed:
-            await asyncio.sleep(self.probe_interval)
-            client = self._client
-            if client is None:
-                return
-            try:
-                async with asyncio.timeout(self.timeout):
-                    await client.ping()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # still down: try again later
-                _log.debug("redis tier %r: probe failed: %s", self.name, exc)
-                continue
-            _log.warning(
-                "redis tier %r: server answers again after %.3gs; circuit closed",
-                self.name,
-                self._breaker.open_for(),
-            )
-            self._breaker.success()
+    async def _ping(self) -> None:
+        """The probe: one PING (fails while the tier is closed)."""
+        client = self._client
+        if client is None:
+            raise TierUnavailableError(f"redis tier {self.name!r} is closed")
+        await client.ping()
 
     async def _call(self, op: str, fn: Callable[[Any], Awaitable[_T]]) -> _T:
         """Run ``fn(client)`` within the timeout; translate and count failures."""
-        self._check_available(op)
+        self._guard.check(op)
         client = self._ensure_client()
         exc_mod = self._exc
         try:
@@ -428,7 +373,7 @@ class RedisTier(SecondaryTier):
         except (exc_mod.RedisError, RespServerError) as exc:
             # The server answered, with an error: it is reachable, so the breaker is not involved.
             raise TieringError(f"redis tier {self.name!r}: {op}: {exc}") from exc
-        self._breaker.success()
+        self._guard.success()
         return result
 
     # -- the five operations ---------------------------------------------------------------------
@@ -450,7 +395,7 @@ class RedisTier(SecondaryTier):
 
     async def write(self, key: bytes, data: bytes | memoryview) -> None:
         rkey = self.redis_key(key)
-        frame = self._frame(key, data)
+        frame = encode_frame(key, data)
         await self._call("write", lambda c: c.set(rkey, frame, px=self._px))
         self._remember(rkey, len(frame))
 
@@ -607,7 +552,7 @@ class RedisTier(SecondaryTier):
         if not items:
             return []
         rkeys = [self.redis_key(k) for k, _ in items]
-        frames = [self._frame(k, d) for k, d in items]
+        frames = [encode_frame(k, d) for k, d in items]
 
         async def run(client: Any) -> list[Any]:
             pipe = _pipeline(client)
@@ -629,9 +574,6 @@ class RedisTier(SecondaryTier):
         return out
 
     # -- helpers ---------------------------------------------------------------------------------
-
-    def _frame(self, key: bytes, data: bytes | memoryview) -> bytes:
-        return b"".join((encode_header(key, data), data))
 
     def _remember(self, rkey: bytes, size: int) -> None:
         old = self._written.get(rkey, 0)

@@ -592,7 +592,7 @@ async def test_aclose_stops_the_probe_and_refuses_calls(
     server.kill()
     t = RedisTier(server.url, timeout=0.2, probe_interval=0.05)
     await t.open()
-    probe = t._probe_task
+    probe = t._guard.probe_task
     assert probe is not None
     await t.aclose()
     assert probe.done()

@@ -1,0 +1,512 @@
+"""A secondary tier in an S3-compatible object store (AWS S3, SeaweedFS, MinIO, R2, ...).
+
+Objects are the same self-describing frames as SSD files and Redis values (header, key,
+xxh3-64 checksum), verified on every read: a foreign, truncated or overwritten object is a
+counted MISS and never handed out. Object names are ``prefix`` plus 32 hex digits of a hash of
+the block key (:func:`~aiotier.tiers.framing.block_digest`), so no key, however hostile, names
+an object outside ``prefix``, and names spread evenly over the bucket's key space.
+
+Every call has a deadline (``timeout``; a batch shares one): 5xx and throttling answers are
+retried with jittered exponential back-off until it passes. Connectivity failures feed a circuit
+breaker (:class:`~aiotier.tiers._outage.ServerGuard`): once open, calls fail at once (the engine
+counts MISSes and failed writes, callers see no exception) and a probe closes it again when the
+server answers. At most ``max_concurrency`` requests are in flight per tier at any time.
+
+A bucket has no cheap size, so :meth:`ObjectStoreTier.usage` reports what this tier instance
+wrote (and has not seen removed), not what the bucket holds; expiry is the bucket's business
+(a lifecycle rule on the prefix, see docs/operations.md).
+
+obstore is an optional dependency (the ``s3`` extra), imported when a tier is created, so
+``import aiotier`` works without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final, TypeVar
+
+from .._types import LookupResult
+from ..errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
+from ._object_client import ObstoreClient, Refused, ServerBusy, Unreachable
+from ._outage import GuardedTier, ServerGuard
+from .base import SecondaryTier, TierUsage
+from .framing import block_digest, encode_frame, payload_into
+
+__all__ = ["ObjectStoreTier"]
+
+_log = logging.getLogger("aiotier.objectstore")
+_T = TypeVar("_T")
+
+#: Objects whose bytes failed verification, remembered by ETag so lookups answer MISS for them
+#: without another GET until someone writes the key again. Bounded: old entries fall out.
+_BAD_CAPACITY: Final = 4096
+
+
+class _Recent:
+    """Object names this tier wrote or read within the last ``ttl`` seconds (at most
+    ``capacity`` of them): what :meth:`ObjectStoreTier.contains_hint` and lookups answer from."""
+
+    __slots__ = ("_clock", "_names", "capacity", "ttl")
+
+    def __init__(self, capacity: int, ttl: float, clock: Callable[[], float]) -> None:
+        self.capacity = capacity
+        self.ttl = ttl
+        self._clock = clock
+        self._names: OrderedDict[str, float] = OrderedDict()
+
+    def add(self, name: str) -> None:
+        if self.capacity <= 0:
+            return
+        names = self._names
+        names[name] = self._clock() + self.ttl
+        names.move_to_end(name)
+        while len(names) > self.capacity:
+            names.popitem(last=False)
+
+    def fresh(self, name: str) -> bool:
+        until = self._names.get(name)
+        if until is None:
+            return False
+        if self._clock() < until:
+            return True
+        del self._names[name]
+        return False
+
+    def drop(self, name: str) -> None:
+        self._names.pop(name, None)
+
+
+class ObjectStoreTier(GuardedTier, SecondaryTier):
+    """Blocks as objects under ``prefix`` in an S3-compatible ``bucket``.
+
+    Credentials come from obstore's usual sources, never from code: the ``AWS_ACCESS_KEY_ID`` /
+    ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN`` environment variables, web identity
+    tokens, ECS and EC2 instance metadata; ``credential_provider`` takes any obstore credential
+    provider (e.g. ``obstore.auth.boto3.Boto3CredentialProvider`` for ``~/.aws`` profiles).
+    ``endpoint_url`` names a server other than AWS (``http://`` works, for local servers);
+    ``region`` defaults to ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, else us-east-1.
+
+    ``timeout`` bounds every call (a batch shares one deadline), retries included; it is below
+    the engine's default ``promotion_timeout`` (5 s), so a slow read ends by the tier's deadline;
+    ``connect_timeout`` bounds each connection attempt. ``immutable_keys=True`` declares that a
+    key's bytes never change: a write of a key the bucket already holds is skipped (HEAD before
+    PUT) and counted in :attr:`skipped_writes`. ``recent_ttl`` / ``recent_capacity`` bound what
+    the tier remembers of objects it wrote or read (answered without a request by
+    :meth:`contains_hint` and lookups). ``client_options`` and ``config`` go to obstore's
+    ``S3Store`` as they are (e.g. ``{"root_certificate": ...}`` for a private CA).
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        *,
+        prefix: str = "aiotier/",
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        name: str = "object",
+        max_concurrency: int = 32,
+        timeout: float = 4.0,
+        connect_timeout: float = 1.0,
+        immutable_keys: bool = False,
+        failure_threshold: int = 3,
+        probe_interval: float = 1.0,
+        recent_ttl: float = 60.0,
+        recent_capacity: int = 65536,
+        retry_base: float = 0.02,
+        retry_cap: float = 1.0,
+        credential_provider: Any = None,
+        client_options: dict[str, Any] | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(name)
+        if not isinstance(bucket, str) or not bucket or "/" in bucket:
+            raise ConfigError(f"ObjectStoreTier bucket must be a bucket name, got {bucket!r}")
+        _check_prefix(prefix)
+        if endpoint_url is not None and (
+            not isinstance(endpoint_url, str)
+            or not endpoint_url.lower().startswith(("http://", "https://"))
+        ):
+            raise ConfigError(
+                f"ObjectStoreTier endpoint_url must be an http:// or https:// URL: {endpoint_url!r}"
+            )
+        if not isinstance(max_concurrency, int) or max_concurrency < 1:
+            raise ConfigError(f"max_concurrency must be an int >= 1, got {max_concurrency!r}")
+        for label, value in (("timeout", timeout), ("connect_timeout", connect_timeout),
+                             ("probe_interval", probe_interval), ("retry_base", retry_base),
+                             ("retry_cap", retry_cap)):  # fmt: skip
+            if not value > 0:
+                raise ConfigError(f"ObjectStoreTier {label} must be positive, got {value!r}")
+        if failure_threshold < 1:
+            raise ConfigError(f"failure_threshold must be >= 1, got {failure_threshold!r}")
+        if recent_ttl < 0 or recent_capacity < 0:
+            raise ConfigError("recent_ttl and recent_capacity must not be negative")
+        self.bucket = bucket
+        self.prefix = prefix
+        self.endpoint_url = endpoint_url
+        self.region = region
+        self.max_concurrency = max_concurrency
+        self.timeout = timeout
+        self.immutable_keys = immutable_keys
+        self.retry_base = retry_base
+        self.retry_cap = retry_cap
+        self.client = ObstoreClient(
+            bucket,
+            endpoint_url=endpoint_url,
+            region=region,
+            timeout=timeout,
+            connect_timeout=min(connect_timeout, timeout),
+            credential_provider=credential_provider,
+            client_options=client_options,
+            config=config,
+        )
+        self._guard = ServerGuard(
+            f"object tier {name!r}",
+            self._where,
+            lambda: self.client.probe(prefix),
+            failure_threshold=failure_threshold,
+            probe_interval=probe_interval,
+            timeout=timeout,
+            log=_log,
+        )
+        self._slots = asyncio.Semaphore(max_concurrency)
+        self._recent = _Recent(recent_capacity, recent_ttl, time.monotonic)
+        self._bad: OrderedDict[str, str] = OrderedDict()
+        # What this tier instance wrote and has not seen disappear: object name -> frame size.
+        self._written: dict[str, int] = {}
+        self._bytes_written = 0
+        #: Requests sent to the server (retries included).
+        self.requests = 0
+        #: Requests sent again after a 5xx, a throttling answer or a lost connection.
+        self.retries = 0
+        #: Reads whose bytes failed verification (answered as a MISS, never returned).
+        self.corrupted = 0
+        #: Writes skipped because the bucket already held the key (``immutable_keys``).
+        self.skipped_writes = 0
+        #: Requests in flight now, and the most ever in flight at once (never above
+        #: ``max_concurrency``).
+        self.inflight = 0
+        self.max_inflight = 0
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> ObjectStoreTier:
+        """A tier from one URL: ``s3://BUCKET/PREFIX/`` (AWS) or
+        ``http(s)://HOST:PORT/BUCKET/PREFIX/`` (another server, path-style); without a
+        prefix, the default one. ``kwargs`` go to the constructor."""
+        scheme, sep, rest = url.partition("://")
+        scheme = scheme.lower()
+        if not sep or scheme not in ("s3", "http", "https"):
+            raise ConfigError(
+                f"object store URL must be s3://BUCKET/PREFIX/ or "
+                f"http(s)://HOST:PORT/BUCKET/PREFIX/: {url!r}"
+            )
+        if scheme != "s3":
+            host, _, rest = rest.partition("/")
+            kwargs.setdefault("endpoint_url", f"{scheme}://{host}")
+        bucket, _, prefix = rest.partition("/")
+        if prefix:
+            kwargs.setdefault("prefix", prefix if prefix.endswith("/") else prefix + "/")
+        return cls(bucket, **kwargs)
+
+    def __repr__(self) -> str:
+        return (
+            f"<ObjectStoreTier name={self.name!r} bucket={self.bucket!r} prefix={self.prefix!r} "
+            f"circuit={self._guard.breaker.state.value}>"
+        )
+
+    def _where(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix} at {self.endpoint_url or 'AWS'}"
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Check the bucket once: a server that does not answer is not fatal (the circuit opens
+        and the probe reconnects later), a missing bucket or refused credentials are
+        :class:`~aiotier.errors.ConfigError`."""
+        self._guard.reopen()
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self.client.probe(self.prefix)
+        except Refused as exc:
+            await self.aclose()
+            raise ConfigError(f"object tier {self.name!r} ({self._where()}): {exc}") from exc
+        except (Unreachable, ServerBusy, TimeoutError) as exc:
+            _log.warning("object tier %r: server not reachable at open: %s", self.name, exc)
+            self._guard.trip()
+        else:
+            self._guard.success()
+
+    async def aclose(self) -> None:
+        """Stop the probe; later calls fail with :class:`TierUnavailableError`."""
+        await self._guard.aclose()
+
+    def object_name(self, key: bytes) -> str:
+        """The object that holds ``key``: ``prefix`` and 32 hex digits of BLAKE2b."""
+        return self.prefix + block_digest(key).hex()
+
+    # -- the call wrapper ------------------------------------------------------------------------
+
+    def _deadline(self) -> float:
+        return asyncio.get_running_loop().time() + self.timeout
+
+    async def _call(self, op: str, request: Callable[[], Awaitable[_T]], deadline: float) -> _T:
+        """``request()`` with a slot of ``max_concurrency``, before ``deadline``; 5xx and
+        throttling answers (and lost connections, while the circuit stays closed) are retried
+        after a jittered back-off that ends before the deadline."""
+        loop = asyncio.get_running_loop()
+        attempt = 0
+        while True:
+            self._guard.check(op)
+            try:
+                async with asyncio.timeout_at(deadline), self._slots:
+                    self.requests += 1
+                    self.inflight += 1
+                    self.max_inflight = max(self.max_inflight, self.inflight)
+                    try:
+                        result = await request()
+                    finally:
+                        self.inflight -= 1
+            except ServerBusy as exc:
+                last: TieringError = exc  # answered: the breaker is not involved
+            except Unreachable as exc:
+                self._guard.failure()
+                last = exc
+            except TimeoutError as exc:
+                self._guard.failure()
+                raise TierUnavailableError(
+                    f"object tier {self.name!r}: {op} timed out after {self.timeout}s "
+                    f"({self._where()})"
+                ) from exc
+            except Refused as exc:
+                raise TieringError(f"object tier {self.name!r}: {op}: {exc}") from exc
+            else:
+                self._guard.success()
+                return result
+            # Full jitter: a random sleep up to an exponentially growing cap.
+            delay = random.uniform(0, min(self.retry_cap, self.retry_base * 2**attempt))
+            if loop.time() + delay >= deadline or not self._guard.available:
+                raise TierUnavailableError(
+                    f"object tier {self.name!r}: {op} failed after {attempt + 1} attempt(s) "
+                    f"({self._where()}): {last}"
+                ) from last
+            attempt += 1
+            self.retries += 1
+            await asyncio.sleep(delay)
+
+    async def _each(self, items: Sequence[_T], one: Callable[[_T], Awaitable[Any]]) -> list[Any]:
+        """``one(item)`` for every item at once (the slots bound what reaches the server); a
+        failure is returned in place of its result. Returns after every call has finished."""
+        if len(items) == 1:
+            try:
+                return [await one(items[0])]
+            except Exception as exc:
+                return [exc]
+        return list(await asyncio.gather(*(one(i) for i in items), return_exceptions=True))
+
+    # -- the five operations ---------------------------------------------------------------------
+
+    async def lookup(self, key: bytes) -> LookupResult:
+        (result,) = await self.lookup_many([key])
+        return result
+
+    async def read_into(self, key: bytes, buf: memoryview) -> int:
+        (outcome,) = await self.read_many_into([key], [buf])
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    async def write(self, key: bytes, data: bytes | memoryview) -> None:
+        (failure,) = await self.write_many([(key, data)])
+        if failure is not None:
+            raise failure
+
+    async def remove(self, key: bytes) -> bool:
+        (outcome,) = await self.remove_many([key])
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def usage(self) -> TierUsage:
+        """What this tier instance wrote and has not seen removed or gone.
+
+        The bucket is shared and has no cheap size (and lifecycle rules expire objects on
+        their own), so this is this engine's view, not the bucket's; capacity is unbounded.
+        """
+        return TierUsage(len(self._written), self._bytes_written, None)
+
+    def contains_hint(self, key: bytes) -> bool | None:
+        """True for a key this tier wrote or read within ``recent_ttl`` seconds; otherwise it
+        cannot tell (another engine may have written or removed it), so None, never False."""
+        return True if self._recent.fresh(self.object_name(key)) else None
+
+    # -- batched forms ---------------------------------------------------------------------------
+
+    async def lookup_many(self, keys: Sequence[bytes]) -> list[LookupResult]:
+        """A HEAD of each key not written or read recently, at most ``max_concurrency`` at once.
+
+        Raises only when every request failed; a key whose HEAD failed among others that
+        succeeded is a MISS.
+        """
+        if not keys:
+            return []
+        names = [self.object_name(k) for k in keys]
+        out = [LookupResult.HIT] * len(keys)
+        asked = [i for i, n in enumerate(names) if not self._recent.fresh(n)]
+        if not asked:
+            return out
+        deadline = self._deadline()
+        heads = await self._each(
+            [names[i] for i in asked],
+            lambda n: self._call("lookup", lambda: self.client.head(n), deadline),
+        )
+        failures = 0
+        for i, etag in zip(asked, heads, strict=True):
+            name = names[i]
+            if isinstance(etag, Exception):
+                failures += 1
+                out[i] = LookupResult.MISS
+            elif etag is None or self._bad.get(name) == etag:
+                self._forget(name)
+                out[i] = LookupResult.MISS
+            else:
+                out[i] = LookupResult.HIT
+        if failures == len(asked):
+            first = next(e for e in heads if isinstance(e, Exception))
+            raise first
+        return out
+
+    async def read_many_into(
+        self, keys: Sequence[bytes], bufs: Sequence[memoryview]
+    ) -> list[int | Exception]:
+        """A GET of each key, at most ``max_concurrency`` at once; each body is verified and
+        copied into its buffer as it arrives (the only copy). Every GET has finished, and no
+        buffer is written any more, when this returns or is cancelled."""
+        if len(keys) != len(bufs):
+            raise ValueError(f"{len(keys)} keys but {len(bufs)} buffers")
+        deadline = self._deadline()
+
+        async def one(i: int) -> int:
+            key, name = keys[i], self.object_name(keys[i])
+            got = await self._call("read", lambda: self.client.get(name), deadline)
+            if got is None:
+                self._forget(name)
+                return -1
+            frame, etag = got
+            try:
+                n = payload_into(frame, key, bufs[i])
+            except BlockCorruptedError as exc:
+                self._corrupted(name, etag)
+                raise BlockCorruptedError(f"object tier {self.name!r}: {name}: {exc}") from None
+            except ValueError as exc:
+                raise ValueError(f"object tier {self.name!r}: {exc}") from None
+            self._bad.pop(name, None)
+            self._recent.add(name)
+            return n
+
+        return await self._each(range(len(keys)), one)
+
+    async def write_many(
+        self, items: Sequence[tuple[bytes, bytes | memoryview]]
+    ) -> list[Exception | None]:
+        """A PUT of each block, at most ``max_concurrency`` at once (each frame is built when
+        its request gets a slot, so memory stays bounded by the slots, not the batch)."""
+        deadline = self._deadline()
+
+        async def one(item: tuple[bytes, bytes | memoryview]) -> None:
+            key, data = item
+            name = self.object_name(key)
+            if self.immutable_keys and await self._held(name, deadline):
+                self.skipped_writes += 1
+                self._recent.add(name)
+                return
+            frame = encode_frame(key, data)
+            await self._call("write", lambda: self.client.put(name, frame), deadline)
+            self._bad.pop(name, None)
+            self._recent.add(name)
+            self._remember(name, len(frame))
+
+        outcomes = await self._each(items, one)
+        return [o if isinstance(o, Exception) else None for o in outcomes]
+
+    async def remove_many(self, keys: Sequence[bytes]) -> list[bool | Exception]:
+        """A HEAD of each key (S3 does not say whether a DELETE found anything), then one bulk
+        DELETE of those present."""
+        names = [self.object_name(k) for k in keys]
+        deadline = self._deadline()
+        heads = await self._each(
+            names, lambda n: self._call("remove", lambda: self.client.head(n), deadline)
+        )
+        present = [n for n, h in zip(names, heads, strict=True) if isinstance(h, str)]
+        for name in names:
+            self._recent.drop(name)
+        failed: Exception | None = None
+        if present:
+            try:
+                await self._call("remove", lambda: self.client.delete(present), deadline)
+            except TieringError as exc:
+                failed = exc
+        out: list[bool | Exception] = []
+        for name, head in zip(names, heads, strict=True):
+            if isinstance(head, Exception):
+                out.append(head)
+            elif head is not None and failed is not None:
+                out.append(failed)
+            else:
+                self._forget(name)
+                out.append(head is not None)
+        return out
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    async def _held(self, name: str, deadline: float) -> bool:
+        """Whether the bucket holds a sound-looking object under ``name`` (``immutable_keys``)."""
+        if self._recent.fresh(name):
+            return True
+        etag = await self._call("write", lambda: self.client.head(name), deadline)
+        return etag is not None and self._bad.get(name) != etag
+
+    def _corrupted(self, name: str, etag: str) -> None:
+        """An object failed verification: count it, and answer MISS for it (by its ETag) until
+        it is written again. It is not deleted: the bucket is shared, and a DELETE could race
+        with another engine's fresh write of the key."""
+        self.corrupted += 1
+        self._forget(name)
+        self._bad[name] = etag
+        self._bad.move_to_end(name)
+        while len(self._bad) > _BAD_CAPACITY:
+            self._bad.popitem(last=False)
+        _log.warning("object tier %r: %s failed verification; answered as a MISS", self.name, name)
+
+    def _remember(self, name: str, size: int) -> None:
+        old = self._written.get(name, 0)
+        self._written[name] = size
+        self._bytes_written += size - old
+
+    def _forget(self, name: str) -> None:
+        self._recent.drop(name)
+        size = self._written.pop(name, None)
+        if size is not None:
+            self._bytes_written -= size
+
+
+def _check_prefix(prefix: object) -> None:
+    """A prefix is empty or ``/``-separated non-empty segments ending in ``/``, of characters
+    that need no escaping in any S3 implementation."""
+    if not isinstance(prefix, str):
+        raise ConfigError(f"ObjectStoreTier prefix must be a str, got {prefix!r}")
+    if prefix == "":
+        return
+    segments = prefix.split("/")
+    if (
+        not prefix.endswith("/")
+        or any(s in ("", ".", "..") for s in segments[:-1])
+        or any(not (c.isascii() and (c.isalnum() or c in "-_.!*'()/")) for c in prefix)
+    ):
+        raise ConfigError(
+            f"ObjectStoreTier prefix must be empty or end with '/', made of non-empty segments "
+            f"of letters, digits and -_.!*'() (not '.' or '..'): {prefix!r}"
+        )
