@@ -22,6 +22,7 @@ from ._types import (
     RequestContext,
     StoreSpec,
 )
+from .blocking import BlockingEngine
 from .engine import EngineStats, TieringEngine
 from .errors import (
     BlockCorruptedError,
@@ -45,6 +46,7 @@ __all__ = [
     "BlockCorruptedError",
     "BlockEvent",
     "BlockNotReadyError",
+    "BlockingEngine",
     "ConfigError",
     "EngineStats",
     "LoadSpec",

@@ -220,6 +220,46 @@ class TieringEngine:
         transition takes ``lock``, on the loop too. Call before ``open``."""
         self._guard.share(lock)
 
+    # -- the no-I/O answers other threads get without a hop (BlockingEngine) ----------------
+
+    def _hit_now(self, key: bytes | str, req: RequestContext | None) -> bool:
+        """``lookup``'s primary hit, from any thread; False sends the call to the loop (which
+        also names any bad argument)."""
+        if key.__class__ is not bytes:
+            key = _valid_key(key, req)  # type: ignore[assignment]
+            if key is None:
+                return False
+        elif req is not None and req.__class__ is not RequestContext:
+            return False
+        with self._guard.lock:
+            slot = self._index.get(key)  # type: ignore[arg-type]
+            if slot is None or self._state[slot] != READY or not self._fast:
+                return False
+            self._stats.primary_hit += 1
+            return True
+
+    def _prefix_hits_now(
+        self, keys: Sequence[bytes | str], req: RequestContext | None
+    ) -> int | None:
+        """``lookup_prefix`` when every key is a hit, from any thread; else None."""
+        try:
+            ks = normalize_keys(keys)
+        except (TypeError, ValueError):
+            return None
+        if _valid_key(b"", req) is None:
+            return None
+        with self._guard.lock:
+            if not (self._fast and self._all_ready(ks)):
+                return None
+            self._stats.primary_hit += len(ks)
+            return len(ks)
+
+    def _cached_now(self, key: bytes | str, req: RequestContext | None) -> bytes | None:
+        """``get``'s hit, from any thread; None sends the call to the loop."""
+        k = _valid_key(key, req)
+        with self._guard.lock:
+            return self._core.cached(k) if k is not None and self._fast else None
+
     # ------------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> TieringEngine:
@@ -620,6 +660,17 @@ class TieringEngine:
             if t is tier or t.name == tier:
                 return i
         raise ValueError(f"exclude_tier {tier!r} is not one of this engine's secondary tiers")
+
+
+def _valid_key(key: object, req: object) -> bytes | None:
+    """The key's bytes when ``key`` and ``req`` are valid, else None (the caller then takes the
+    path that raises the error naming them)."""
+    if req is not None and req.__class__ is not RequestContext:
+        return None
+    try:
+        return normalize_key(key)
+    except (TypeError, ValueError):
+        return None
 
 
 def _key_sequence(

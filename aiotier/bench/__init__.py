@@ -10,7 +10,7 @@ __all__ = ["CASE_GROUPS", "CASE_NAMES"]
 CASE_GROUPS: dict[str, tuple[str, ...]] = {
     "core": (
         "lookup_hit", "lookup_prefix", "scale", "memory", "memory_promote", "metrics_overhead",
-        "policy",
+        "policy", "blocking_lookup_hit",
     ),
     "ssd": ("ssd_promote", "ssd_demote", "ssd_open"),
     "redis": ("redis_promote",),

@@ -19,6 +19,7 @@ from .. import (
     AdmissionPolicy,
     AdmitAfter,
     AdmitAll,
+    BlockingEngine,
     LookupResult,
     MemoryTier,
     PrimaryTier,
@@ -626,6 +627,79 @@ async def memory_promote(rounds: int, n_keys: int = 4096) -> list[Case]:
 CaseRunner = Callable[[bool], Awaitable[list[Case]]]
 
 
+def _filled_facade(n: int) -> BlockingEngine:
+    facade = BlockingEngine(PrimaryTier(n, 16))
+    for k in _keys(n):
+        facade.prepare_store([k])
+        facade.complete_store([k], sizes=[0])
+    facade.end_step()
+    facade.take_events()
+    return facade
+
+
+async def blocking_lookup_hit(ops: int, rounds: int) -> list[Case]:
+    """A primary-hit ``lookup`` through ``BlockingEngine`` from a plain thread (no hop to the
+    loop), against the async engine's own ``lookup_hit`` in the same run; and a portal round
+    trip (a ``get`` that misses everywhere, so it goes to the loop and back)."""
+    n = 1000
+    keys = _keys(n)
+    rng = random.Random(2)
+    sample = [keys[rng.randrange(n)] for _ in range(ops)]
+    req = RequestContext("bench")
+    engine = await _filled_engine(n)
+    facade = await asyncio.to_thread(_filled_facade, n)
+
+    async def floor() -> float:
+        lookup = engine.lookup
+        t = _now()
+        for k in sample:
+            await lookup(k, req)
+        return (_now() - t) / ops * 1e6
+
+    def facade_round() -> float:
+        lookup = facade.lookup
+        t = _now()
+        for k in sample:
+            lookup(k, req)
+        return (_now() - t) / ops * 1e6
+
+    misses = max(ops // 200, 50)
+
+    def round_trips() -> float:
+        get = facade.get
+        t = _now()
+        for _ in range(misses):
+            get(b"absent")
+        return (_now() - t) / misses * 1e6
+
+    async def ours() -> float:
+        return await asyncio.to_thread(facade_round)
+
+    async def hops() -> float:
+        return await asyncio.to_thread(round_trips)
+
+    try:
+        med = await alternate({"floor": floor, "aiotier": ours, "round_trip": hops}, rounds)
+    finally:
+        await asyncio.to_thread(facade.close)
+        await engine.aclose()
+    return [
+        Case(
+            "blocking_lookup_hit",
+            {"blocks": n, "ops": ops, "with_request_context": True, "caller": "plain thread"},
+            "us/op",
+            False,
+            med["aiotier"],
+            floor=Measure("async TieringEngine.lookup (lookup_hit)", med["floor"]),
+            extra={"portal_round_trip_us": med["round_trip"], "target_ratio_to_floor": 0.5},
+        )
+    ]
+
+
+async def _blocking_lookup_hit(quick: bool) -> list[Case]:
+    return await blocking_lookup_hit(_ops(quick), _rounds(quick))
+
+
 async def _lookup_hit(quick: bool) -> list[Case]:
     return [await lookup_hit(1000, _ops(quick), _rounds(quick))]
 
@@ -730,6 +804,7 @@ CASES: dict[str, CaseRunner] = {
     "memory_promote": _memory_promote,
     "metrics_overhead": _metrics_overhead,
     "policy": _policy,
+    "blocking_lookup_hit": _blocking_lookup_hit,
 }
 
 

@@ -1,0 +1,218 @@
+"""A synchronous facade for synchronous schedulers: the engine on an event loop in a thread.
+
+``BlockingEngine`` starts an event loop in a background thread (an anyio blocking portal),
+builds and opens a :class:`~aiotier.TieringEngine` there, and offers the engine's methods as
+plain calls. Calls that need no I/O run in the caller's thread, against the engine's core,
+under one lock that the loop side also takes around each of its transitions (never across an
+await): a primary hit, ``prepare_load``, ``complete_load``, ``touch``, ``prepare_store``,
+``complete_store``, ``put``, ``take_events``, ``end_step``, ``stats``. Only calls that must start
+or await I/O go to the loop through the portal. Any number of threads may call at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from functools import partial
+from types import TracebackType
+from typing import Any, TypeVar
+
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from ._types import (
+    BlockEvent,
+    LoadSpec,
+    LookupResult,
+    PrepareStoreOutput,
+    RequestContext,
+)
+from .engine import EngineStats, TieringEngine
+from .errors import TieringError
+from .tiers.base import SecondaryTier
+from .tiers.primary import PrimaryTier
+
+__all__ = ["BlockingEngine"]
+
+_T = TypeVar("_T")
+_HIT = LookupResult.HIT
+
+
+def _refuse_inside_a_loop(what: str) -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(
+        f"BlockingEngine.{what} was called from a running event loop, which it would block: "
+        "use TieringEngine there (BlockingEngine.engine on the engine's own loop)"
+    )
+
+
+class BlockingEngine:
+    """``TieringEngine``'s methods as plain calls, for synchronous code.
+
+    ``BlockingEngine(primary, secondary, **engine_kwargs)`` takes the engine's arguments; use it
+    as a context manager or call :meth:`close`. Results and errors are the engine's (a ``wait``
+    past its timeout raises ``TimeoutError``). ``.engine`` is the async engine, for code that
+    runs on its loop.
+    """
+
+    def __init__(
+        self,
+        primary: PrimaryTier,
+        secondary: Sequence[SecondaryTier] = (),
+        **engine_kwargs: Any,
+    ) -> None:
+        _refuse_inside_a_loop("__init__")
+        self._lock = threading.RLock()
+        self._closed = False
+        self._portal_cm = start_blocking_portal("asyncio")
+        self._portal: BlockingPortal = self._portal_cm.__enter__()
+        try:
+            self.engine: TieringEngine = self._portal.call(
+                self._open, primary, tuple(secondary), engine_kwargs
+            )
+        except BaseException:
+            self._portal_cm.__exit__(*sys.exc_info())
+            raise
+        self._hit_now = self.engine._hit_now  # the hot path: one bound method, no lookups
+
+    async def _open(
+        self, primary: PrimaryTier, secondary: tuple[SecondaryTier, ...], kwargs: dict[str, Any]
+    ) -> TieringEngine:
+        engine = TieringEngine(primary, secondary, **kwargs)
+        engine._share_with_threads(self._lock)
+        await engine.open()
+        return engine
+
+    @property
+    def portal(self) -> BlockingPortal:
+        """The anyio portal of the engine's event loop: ``portal.call(coro_fn, *args)`` runs
+        your own async code there (next to ``.engine``)."""
+        return self._portal
+
+    def _call(self, fn: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any) -> _T:
+        """Run a coroutine method of the engine on its loop and wait for it here."""
+        _refuse_inside_a_loop(fn.__name__)
+        if self._closed:
+            raise TieringError("the engine is closed")
+        return self._portal.call(partial(fn, *args, **kwargs))
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def __enter__(self) -> BlockingEngine:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self, *, flush: bool = True) -> None:
+        """Close the engine (as ``aclose``) and stop its loop; calls in flight end first."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self._portal.call(partial(self.engine.aclose, flush=flush))
+        finally:
+            self._portal_cm.__exit__(None, None, None)
+
+    # -- lookups -------------------------------------------------------------------------------
+
+    def lookup(
+        self,
+        key: bytes | str,
+        req: RequestContext | None = None,
+        *,
+        exclude_tier: SecondaryTier | str | None = None,
+    ) -> LookupResult:
+        if exclude_tier is None and self._hit_now(key, req):
+            return _HIT
+        return self._call(self.engine.lookup, key, req, exclude_tier=exclude_tier)
+
+    def lookup_prefix(
+        self, keys: Sequence[bytes | str], req: RequestContext | None = None
+    ) -> int | None:
+        if not isinstance(keys, str | bytes):
+            keys = keys if keys.__class__ in (list, tuple) else list(keys)
+            n = self.engine._prefix_hits_now(keys, req)
+            if n is not None:
+                return n
+        return self._call(self.engine.lookup_prefix, keys, req)
+
+    def wait(
+        self, keys: Sequence[bytes | str], timeout: float | None = None
+    ) -> list[LookupResult]:
+        return self._call(self.engine.wait, keys, timeout=timeout)
+
+    def prefetch(
+        self, keys: Sequence[bytes | str], req: RequestContext | None = None, *, timeout: float
+    ) -> int:
+        return self._call(self.engine.prefetch, keys, req, timeout=timeout)
+
+    # -- loads and stores (no I/O: the caller's thread) ------------------------------------------
+
+    def prepare_load(
+        self, keys: Sequence[bytes | str], req: RequestContext | None = None
+    ) -> LoadSpec:
+        return self.engine.prepare_load(keys, req)
+
+    def complete_load(
+        self, keys: Sequence[bytes | str], req: RequestContext | None = None
+    ) -> None:
+        self.engine.complete_load(keys, req)
+
+    def touch(self, keys: Iterable[bytes | str]) -> None:
+        self.engine.touch(keys)
+
+    def prepare_store(
+        self, keys: Sequence[bytes | str], req: RequestContext | None = None
+    ) -> PrepareStoreOutput | None:
+        return self.engine.prepare_store(keys, req)
+
+    def complete_store(
+        self,
+        keys: Sequence[bytes | str],
+        req: RequestContext | None = None,
+        *,
+        success: bool = True,
+        sizes: Sequence[int] | None = None,
+    ) -> None:
+        self.engine.complete_store(keys, req, success=success, sizes=sizes)
+
+    # -- cache API -------------------------------------------------------------------------------
+
+    def get(self, key: bytes | str, req: RequestContext | None = None) -> bytes | None:
+        data = self.engine._cached_now(key, req)
+        if data is not None:
+            return data
+        return self._call(self.engine.get, key, req)
+
+    def put(self, key: bytes | str, data: bytes | bytearray | memoryview) -> bool:
+        return self.engine._put(key, data)
+
+    def delete(self, key: bytes | str) -> bool:
+        return self._call(self.engine.delete, key)
+
+    def flush(self, timeout: float | None = None) -> None:
+        self._call(self.engine.flush, timeout)
+
+    # -- the step boundary -----------------------------------------------------------------------
+
+    def take_events(self) -> list[BlockEvent]:
+        return self.engine.take_events()
+
+    def end_step(
+        self, *, new_req_ids: Iterable[str] = (), finished_req_ids: Iterable[str] = ()
+    ) -> None:
+        self.engine.end_step(new_req_ids=new_req_ids, finished_req_ids=finished_req_ids)
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
