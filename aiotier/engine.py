@@ -341,7 +341,7 @@ class TieringEngine:
                     for k in core.coherence.stale_keys(ti):
                         core.writes.push(ti, remove(k))
                 if flush and self.write_policy == "write_back" and self.tiers:
-                    core.write_down_primary(
+                    core.demotions.write_down_primary(
                         next((i for i, t in enumerate(self.tiers) if t.persistent), 0)
                     )
             await self._writers.drain(self.io_timeout * 2, discard=True)

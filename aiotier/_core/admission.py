@@ -15,7 +15,7 @@ to every write into it (demotions, write-through, the write-down at close).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from ..errors import ConfigError
 
@@ -103,6 +103,23 @@ class AdmissionPolicy(ABC):
         """Whether ``key`` may be written into a secondary tier, whose victims (it evicts by
         its own budget) the engine cannot see."""
         return self.admit(key, None)
+
+    def admit_into_primary(
+        self, keys: Sequence[bytes], free: int, victims: Sequence[bytes]
+    ) -> list[bytes]:
+        """Which of ``keys`` (in order) enter a primary with ``free`` free slots, whose next
+        victims are ``victims`` in eviction order: the first admitted keys take the free
+        slots, each later one is weighed against the block it would evict."""
+        upcoming = iter(victims)
+        victim = None
+        admitted: list[bytes] = []
+        for k in keys:
+            if len(admitted) >= free and victim is None:
+                victim = next(upcoming, None)
+            if self.admit(k, victim):
+                admitted.append(k)
+                victim = None
+        return admitted
 
 
 class AdmitAll(AdmissionPolicy):

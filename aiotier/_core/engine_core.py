@@ -27,13 +27,14 @@ from ..errors import BlockNotReadyError
 from .admission import AdmissionPolicy
 from .arena import Arena
 from .coherence import Coherence, Hint
+from .demotion import Demotions
 from .inflight import InflightTable
 from .pins import PinLedger, PromotionShare
 from .promotion import PromotionBatch, Promotions
 from .requests import RequestBook, RequestState
 from .stats import CountKey, StepSnapshot, StepStats, TotalStats
 from .table import PENDING, PROMOTING, READY, BlockTable, Evicted, SlotState
-from .writeback import WriteQueues, remove, write
+from .writeback import WriteQueues, remove
 
 __all__ = ["EngineCore"]
 
@@ -107,6 +108,7 @@ class EngineCore:
         #: the policies to tell of every sighting (none by default: lookups then skip it)
         self.sightings = tuple(seen.values())
         self.promotions = Promotions(self, max_inflight_promotions)
+        self.demotions = Demotions(self)
         self.step = 0
         #: set when the engine starts closing: lookups suspended in a tier start no promotion
         self.closed = False
@@ -140,7 +142,7 @@ class EngineCore:
             return _RETRY if now < self.inflight.store_deadline.get(slot, 0.0) else _MISS
         data = self.coherence.demoting.get(k)
         if data is not None:
-            return _HIT if self.readmit(k, data, protected) else _MISS
+            return _HIT if self.demotions.readmit(k, data, protected) else _MISS
         return None
 
     def ready_prefix(self, ks: Iterable[bytes]) -> int:
@@ -226,80 +228,6 @@ class EngineCore:
         for policy in self.sightings:
             policy.saw(keys)
 
-    # -- evictions and write-back ------------------------------------------------------------------
-
-    def evicted(self, evicted: list[Evicted]) -> list[bytes]:
-        """Account primary evictions; under write-back copy the bytes out (before the slots are
-        reused) for the first tier, unless it already holds them."""
-        if not evicted:
-            return []
-        keys = [k for k, _, _ in evicted]
-        self.stats.counts[("evictions", self.primary_name)] += len(evicted)
-        self.events.append(BlockEvent(tuple(keys), self.primary_name, True))
-        if self.write_policy == "write_back" and self.tier_names:
-            # a clean block's bytes are in the first tier already, unless a remove of them
-            # is queued there or the tier lost them
-            kept = self.coherence.kept(0, [k for k, _, is_clean in evicted if is_clean])
-            read = self.arena.read
-            for k, slot, _ in evicted:
-                if k not in kept:
-                    self.writes.demote(0, k, read(slot))
-        return keys
-
-    def readmit(self, k: bytes, data: bytes, protected: Sequence[int] = ()) -> bool:
-        """Put bytes that are on their way down back into the primary, if there is room (and
-        the key has no block there: a pending store of it is newer)."""
-        if k in self.table.index:
-            return False
-        got = self.table.allocate([k], READY, protected)
-        if got is None:
-            self.stats.counts[("allocation_failures", "promotion")] += 1
-            return False
-        (slot,), evicted = got
-        self.evicted(evicted)
-        self.arena.write(slot, data)
-        return True
-
-    def replaced_everywhere(self, k: bytes, slot: int) -> None:
-        """New bytes of ``k`` landed in ``slot``: no tier may serve an older version."""
-        coherence = self.coherence
-        coherence.replaced(k)
-        tiers = range(len(self.tier_names))
-        if self.write_policy == "write_through" and self.tier_names:
-            data = self.arena.read(slot)
-            # on their way down until every tier has them: lookups find these bytes, never an
-            # older copy a tier still holds while its write is queued
-            for ti in tiers:
-                self.writes.demote(ti, k, data)
-            self.table.set_clean(slot, True)
-            return
-        if self.immutable_keys:
-            # the same bytes as any copy below: keep those copies (other engines sharing a tier
-            # may be reading them), and skip the write-back if the first tier has one
-            held = bool(self.tier_names) and not coherence.writing(0, k)
-            self.table.set_clean(slot, held and coherence.holds(0, k) is True)
-            return
-        self.table.set_clean(slot, False)
-        for ti in tiers:
-            if coherence.writing(ti, k) or coherence.holds(ti, k) is not False:
-                self.writes.push(ti, remove(k))
-
-    def write_down_primary(self, ti: int) -> None:
-        """At close (write-back): queue the primary's blocks for tier ``ti`` (persistent).
-
-        Blocks that tier already holds are skipped: a put or store of a key removes its older
-        copies everywhere, so a copy below is always the same bytes.
-        """
-        table, coherence = self.table, self.coherence
-        for k, slot in list(table.index.items()):
-            if table.state[slot] != READY:
-                continue
-            hint = coherence.holds(ti, k)
-            held = hint or (ti == 0 and table.is_clean(slot) and hint is None)
-            if held and not coherence.removing(ti, k):  # a queued remove will take that copy
-                continue
-            self.writes.push(ti, write(k, self.arena.read(slot)))
-
     # -- loads -----------------------------------------------------------------------------------
 
     def request(self, req_id: str | None) -> RequestState:
@@ -368,7 +296,7 @@ class EngineCore:
             self.stats.counts[("allocation_failures", "store")] += 1
             return None
         slots, evicted = got
-        evicted_keys = self.evicted(evicted)
+        evicted_keys = self.demotions.evicted(evicted)
         deadline = self.clock() + self.promotion_timeout
         store_deadline = self.inflight.store_deadline
         for k, slot in zip(new, slots, strict=True):
@@ -386,16 +314,8 @@ class EngineCore:
         if policy is None:
             self.stats.counts[("admissions", name, "admitted")] += len(new)
             return new
-        free = len(self.table.free)
-        victims = iter(self.table.eviction_candidates(len(new), protected))
-        victim = None
-        admitted: list[bytes] = []
-        for k in new:
-            if len(admitted) >= free and victim is None:
-                victim = next(victims, None)  # the block the next admitted key would evict
-            if policy.admit(k, victim):
-                admitted.append(k)
-                victim = None
+        victims = self.table.eviction_candidates(len(new), protected)
+        admitted = policy.admit_into_primary(new, len(self.table.free), victims)
         self.stats.counts[("admissions", name, "admitted")] += len(admitted)
         if len(admitted) < len(new):
             self.stats.counts[("admissions", name, "rejected")] += len(new) - len(admitted)
@@ -442,7 +362,7 @@ class EngineCore:
         if stored:
             self.events.append(BlockEvent(tuple(stored), self.primary_name, False))
             for k in stored:
-                self.replaced_everywhere(k, table.index[k])
+                self.demotions.replaced_everywhere(k, table.index[k])
 
     # -- the cache API's synchronous halves --------------------------------------------------------
 
@@ -460,10 +380,10 @@ class EngineCore:
                 self.stats.counts[("allocation_failures", "store")] += 1
                 return False
             (slot,), evicted = got
-            self.evicted(evicted)  # copies the victims' bytes out before the slot is reused
+            self.demotions.evicted(evicted)  # the victims' bytes are copied out before reuse
             self.arena.write(slot, data)
         self.events.append(BlockEvent((k,), self.primary_name, False))
-        self.replaced_everywhere(k, slot)
+        self.demotions.replaced_everywhere(k, slot)
         return True
 
     def _replace_slot(self, k: bytes, old: int) -> tuple[list[int], list[Evicted]] | None:
@@ -511,7 +431,7 @@ class EngineCore:
         if data is None and k not in self.table.index:
             data = self.coherence.demoting.get(k)
             if data is not None:
-                self.readmit(k, data)
+                self.demotions.readmit(k, data)
         if data is not None:
             self.stats.primary_hit += 1
         return data

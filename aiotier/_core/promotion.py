@@ -302,7 +302,7 @@ class Promotions:
         if not placed:
             return None
         del keys[placed:]
-        core.evicted(evicted)
+        core.demotions.evicted(evicted)
         table.pin_many(slots)  # each read's own pin: the slot stays reserved until it stops
         share.take(slots)
         batch = PromotionBatch(ti, keys, slots, core.clock())

@@ -1,0 +1,107 @@
+"""Where a block's bytes go when the primary lets go of them or replaces them.
+
+Evictions under write-back copy the bytes out (before the slot is reused) and send them to the
+first tier unless it keeps a clean copy; a put or store of new bytes removes the older copies
+below (write-back), writes the new ones to every tier (write-through) or keeps copies that are
+the same bytes (immutable keys); at close the primary's blocks are written down to the first
+persistent tier. Part of :class:`~aiotier._core.engine_core.EngineCore`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .._types import BlockEvent
+from .table import READY, Evicted
+from .writeback import remove, write
+
+if TYPE_CHECKING:
+    from .engine_core import EngineCore
+
+__all__ = ["Demotions"]
+
+
+class Demotions:
+    """The write-back, write-through and immutable-key decisions of one engine."""
+
+    __slots__ = ("_core",)
+
+    def __init__(self, core: EngineCore) -> None:
+        self._core = core
+
+    def evicted(self, evicted: list[Evicted]) -> list[bytes]:
+        """Account primary evictions; under write-back copy the bytes out (before the slots are
+        reused) for the first tier, unless it already holds them."""
+        core = self._core
+        if not evicted:
+            return []
+        keys = [k for k, _, _ in evicted]
+        core.stats.counts[("evictions", core.primary_name)] += len(evicted)
+        core.events.append(BlockEvent(tuple(keys), core.primary_name, True))
+        if core.write_policy == "write_back" and core.tier_names:
+            # a clean block's bytes are in the first tier already, unless a remove of them
+            # is queued there or the tier lost them
+            kept = core.coherence.kept(0, [k for k, _, is_clean in evicted if is_clean])
+            read = core.arena.read
+            for k, slot, _ in evicted:
+                if k not in kept:
+                    core.writes.demote(0, k, read(slot))
+        return keys
+
+    def readmit(self, k: bytes, data: bytes, protected: Sequence[int] = ()) -> bool:
+        """Put bytes that are on their way down back into the primary, if there is room (and
+        the key has no block there: a pending store of it is newer)."""
+        core = self._core
+        if k in core.table.index:
+            return False
+        got = core.table.allocate([k], READY, protected)
+        if got is None:
+            core.stats.counts[("allocation_failures", "promotion")] += 1
+            return False
+        (slot,), evicted = got
+        self.evicted(evicted)
+        core.arena.write(slot, data)
+        return True
+
+    def replaced_everywhere(self, k: bytes, slot: int) -> None:
+        """New bytes of ``k`` landed in ``slot``: no tier may serve an older version."""
+        core = self._core
+        coherence = core.coherence
+        coherence.replaced(k)
+        tiers = range(len(core.tier_names))
+        if core.write_policy == "write_through" and core.tier_names:
+            data = core.arena.read(slot)
+            # on their way down until every tier has them: lookups find these bytes, never an
+            # older copy a tier still holds while its write is queued
+            for ti in tiers:
+                core.writes.demote(ti, k, data)
+            core.table.set_clean(slot, True)
+            return
+        if core.immutable_keys:
+            # the same bytes as any copy below: keep those copies (other engines sharing a tier
+            # may be reading them), and skip the write-back if the first tier has one
+            held = bool(core.tier_names) and not coherence.writing(0, k)
+            core.table.set_clean(slot, held and coherence.holds(0, k) is True)
+            return
+        core.table.set_clean(slot, False)
+        for ti in tiers:
+            if coherence.writing(ti, k) or coherence.holds(ti, k) is not False:
+                core.writes.push(ti, remove(k))
+
+    def write_down_primary(self, ti: int) -> None:
+        """At close (write-back): queue the primary's blocks for tier ``ti`` (persistent).
+
+        Blocks that tier already holds are skipped: a put or store of a key removes its older
+        copies everywhere, so a copy below is always the same bytes.
+        """
+        core = self._core
+        table, coherence = core.table, core.coherence
+        for k, slot in list(table.index.items()):
+            if table.state[slot] != READY:
+                continue
+            hint = coherence.holds(ti, k)
+            held = hint or (ti == 0 and table.is_clean(slot) and hint is None)
+            if held and not coherence.removing(ti, k):  # a queued remove will take that copy
+                continue
+            core.writes.push(ti, write(k, core.arena.read(slot)))
