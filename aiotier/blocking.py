@@ -77,7 +77,7 @@ class BlockingEngine:
         except BaseException:
             self._portal_cm.__exit__(*sys.exc_info())
             raise
-        self._hit_now = self.engine._hit_now  # the hot path: one bound method, no lookups
+        self._hit_now = self.engine._now.hit  # the hot path: one bound method, no lookups
 
     async def _open(
         self, primary: PrimaryTier, secondary: tuple[SecondaryTier, ...], kwargs: dict[str, Any]
@@ -142,7 +142,7 @@ class BlockingEngine:
     ) -> int | None:
         if not isinstance(keys, str | bytes):
             keys = keys if keys.__class__ in (list, tuple) else list(keys)
-            n = self.engine._prefix_hits_now(keys, req)
+            n = self.engine._now.prefix_hits(keys, req)
             if n is not None:
                 return n
         return self._call(self.engine.lookup_prefix, keys, req)
@@ -190,7 +190,7 @@ class BlockingEngine:
     # -- cache API -------------------------------------------------------------------------------
 
     def get(self, key: bytes | str, req: RequestContext | None = None) -> bytes | None:
-        data = self.engine._cached_now(key, req)
+        data = self.engine._now.cached(key, req)
         if data is not None:
             return data
         return self._call(self.engine.get, key, req)

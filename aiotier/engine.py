@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from opentelemetry.metrics import MeterProvider
 
@@ -26,8 +26,9 @@ from ._core.requests import RequestState
 from ._core.table import READY
 from ._core.writeback import remove
 from ._engine.cache import CacheCalls
+from ._engine.options import WritePolicy, engine_options
 from ._engine.reads import TierReads
-from ._engine.threads import Guard
+from ._engine.threads import CallerThreadAnswers, Guard
 from ._engine.writers import Writers
 from ._types import (
     BlockEvent,
@@ -38,16 +39,14 @@ from ._types import (
     normalize_key,
     normalize_keys,
 )
-from ._validate import check_int, check_positive, check_req, str_ids
-from .errors import ConfigError, TieringError
+from ._validate import check_positive, check_req, str_ids
+from .errors import TieringError
 from .telemetry import Telemetry
 from .tiers.base import SecondaryTier, TierUsage
 from .tiers.primary import PrimaryTier
 
 __all__ = ["EngineStats", "TieringEngine", "WritePolicy"]
 
-WritePolicy = Literal["write_back", "write_through", "none"]
-_WRITE_POLICIES: Final = ("write_back", "write_through", "none")
 
 _HIT: Final = LookupResult.HIT
 _MISS: Final = LookupResult.MISS
@@ -98,59 +97,42 @@ class TieringEngine:
         admission: Mapping[str, AdmissionPolicy] | None = None,
         max_promotion_share: float = 0.9,
     ) -> None:
-        if not isinstance(primary, PrimaryTier):
-            raise TypeError(f"primary must be a PrimaryTier, got {type(primary).__name__}")
-        tiers = tuple(secondary)
-        names = {primary.name}
-        for t in tiers:
-            if not isinstance(t, SecondaryTier):
-                raise TypeError(f"secondary tiers must be SecondaryTier, got {type(t).__name__}")
-            if t.name in names:
-                raise ConfigError(f"tier name {t.name!r} is used twice; give each tier a name")
-            names.add(t.name)
-        if write_policy not in _WRITE_POLICIES:
-            raise ConfigError(
-                f"write_policy must be one of {', '.join(_WRITE_POLICIES)}, got {write_policy!r}"
-            )
-        check_positive("promotion_timeout", promotion_timeout)
-        check_positive("backoff_seconds", backoff_seconds)
-        if io_timeout is not None:
-            check_positive("io_timeout", io_timeout)
-        if step_interval is not None:
-            check_positive("step_interval", step_interval)
-        check_positive("open_timeout", open_timeout)
-        if not isinstance(immutable_keys, bool):
-            raise ConfigError(f"immutable_keys must be a bool, got {immutable_keys!r}")
-        if max_pending_write_bytes is None:
-            max_pending_write_bytes = max(primary.arena.nbytes, 64 << 20)
-        check_int("max_inflight_promotions", max_inflight_promotions)
-        check_int("pin_steps", pin_steps)
-        check_int("max_pending_write_bytes", max_pending_write_bytes)
-        admission = _check_admission(admission, [primary.name, *(t.name for t in tiers)])
-        check_positive("max_promotion_share", max_promotion_share)
-        if max_promotion_share > 1:
-            raise ConfigError(f"max_promotion_share must be at most 1, got {max_promotion_share!r}")
-
+        o = engine_options(
+            primary,
+            secondary,
+            write_policy=write_policy,
+            promotion_timeout=promotion_timeout,
+            max_inflight_promotions=max_inflight_promotions,
+            backoff_seconds=backoff_seconds,
+            io_timeout=io_timeout,
+            pin_steps=pin_steps,
+            step_interval=step_interval,
+            max_pending_write_bytes=max_pending_write_bytes,
+            open_timeout=open_timeout,
+            immutable_keys=immutable_keys,
+            admission=admission,
+            max_promotion_share=max_promotion_share,
+        )
         self.primary = primary
-        self.tiers = tiers
-        self.write_policy: WritePolicy = write_policy
-        self.promotion_timeout = float(promotion_timeout)
-        self.max_inflight_promotions = max_inflight_promotions
-        self.backoff_seconds = float(backoff_seconds)
-        self.io_timeout = float(io_timeout if io_timeout is not None else promotion_timeout)
-        self.pin_steps = pin_steps
-        self.step_interval = step_interval
-        self.open_timeout = float(open_timeout)
+        self.tiers = tiers = o.tiers
+        self.write_policy: WritePolicy = o.write_policy
+        self.promotion_timeout = o.promotion_timeout
+        self.max_inflight_promotions = o.max_inflight_promotions
+        self.backoff_seconds = o.backoff_seconds
+        self.io_timeout = o.io_timeout
+        self.pin_steps = o.pin_steps
+        self.step_interval = o.step_interval
+        self.open_timeout = o.open_timeout
         #: Keys name their content (a hash of the bytes, as vLLM's prefix-cache block hashes):
         #: a put or store of a key never changes its bytes, so copies below stay valid.
-        self.immutable_keys = immutable_keys
+        self.immutable_keys = o.immutable_keys
         #: At most this share of the primary's slots (rounded up) holds promoted blocks that no
         #: request has loaded yet: the rest stays free for stores.
-        self.max_promotion_share = float(max_promotion_share)
+        self.max_promotion_share = o.max_promotion_share
         #: Tier name -> its admission policy (tiers not named admit every block).
-        self.admission: Mapping[str, AdmissionPolicy] = admission
+        self.admission: Mapping[str, AdmissionPolicy] = o.admission
 
-        cascade = write_policy == "write_back"
+        cascade = o.write_policy == "write_back"
         # hand-overs feed the tier below; from a tier that keeps its bytes in memory they are
         # also taken with no tier below, so its evictions are reported as events
         hand_over = [
@@ -165,16 +147,16 @@ class TieringEngine:
             primary_name=primary.name,
             tier_names=[t.name for t in tiers],
             hints=[t.contains_hint for t in tiers],
-            write_policy=write_policy,
-            immutable_keys=immutable_keys,
-            promotion_timeout=self.promotion_timeout,
-            backoff_seconds=self.backoff_seconds,
-            pin_steps=pin_steps,
-            max_inflight_promotions=max_inflight_promotions,
-            max_promotion_share=self.max_promotion_share,
-            max_pending_write_bytes=max_pending_write_bytes,
-            primary_admission=admission.get(primary.name),
-            tier_admission=[admission.get(t.name) for t in tiers],
+            write_policy=o.write_policy,
+            immutable_keys=o.immutable_keys,
+            promotion_timeout=o.promotion_timeout,
+            backoff_seconds=o.backoff_seconds,
+            pin_steps=o.pin_steps,
+            max_inflight_promotions=o.max_inflight_promotions,
+            max_promotion_share=o.max_promotion_share,
+            max_pending_write_bytes=o.max_pending_write_bytes,
+            primary_admission=o.admission.get(primary.name),
+            tier_admission=[o.admission.get(t.name) for t in tiers],
             notify=self._notify_writer,
         )
         self._writers = Writers(core, tiers, hand_over, self.io_timeout, guard)
@@ -201,6 +183,8 @@ class TieringEngine:
 
         self._ticker: asyncio.Task[None] | None = None
         self._opened = False
+        #: the answers other threads get without a hop to the loop (``BlockingEngine``)
+        self._now = CallerThreadAnswers(self)
 
     @property
     def core(self) -> EngineCore:
@@ -219,46 +203,6 @@ class TieringEngine:
         """Threads other than the loop's will call in (``BlockingEngine``): every core
         transition takes ``lock``, on the loop too. Call before ``open``."""
         self._guard.share(lock)
-
-    # -- the no-I/O answers other threads get without a hop (BlockingEngine) ----------------
-
-    def _hit_now(self, key: bytes | str, req: RequestContext | None) -> bool:
-        """``lookup``'s primary hit, from any thread; False sends the call to the loop (which
-        also names any bad argument)."""
-        if key.__class__ is not bytes:
-            key = _valid_key(key, req)  # type: ignore[assignment]
-            if key is None:
-                return False
-        elif req is not None and req.__class__ is not RequestContext:
-            return False
-        with self._guard.lock:
-            slot = self._index.get(key)  # type: ignore[arg-type]
-            if slot is None or self._state[slot] != READY or not self._fast:
-                return False
-            self._stats.primary_hit += 1
-            return True
-
-    def _prefix_hits_now(
-        self, keys: Sequence[bytes | str], req: RequestContext | None
-    ) -> int | None:
-        """``lookup_prefix`` when every key is a hit, from any thread; else None."""
-        try:
-            ks = normalize_keys(keys)
-        except (TypeError, ValueError):
-            return None
-        if _valid_key(b"", req) is None:
-            return None
-        with self._guard.lock:
-            if not (self._fast and self._all_ready(ks)):
-                return None
-            self._stats.primary_hit += len(ks)
-            return len(ks)
-
-    def _cached_now(self, key: bytes | str, req: RequestContext | None) -> bytes | None:
-        """``get``'s hit, from any thread; None sends the call to the loop."""
-        k = _valid_key(key, req)
-        with self._guard.lock:
-            return self._core.cached(k) if k is not None and self._fast else None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -662,17 +606,6 @@ class TieringEngine:
         raise ValueError(f"exclude_tier {tier!r} is not one of this engine's secondary tiers")
 
 
-def _valid_key(key: object, req: object) -> bytes | None:
-    """The key's bytes when ``key`` and ``req`` are valid, else None (the caller then takes the
-    path that raises the error naming them)."""
-    if req is not None and req.__class__ is not RequestContext:
-        return None
-    try:
-        return normalize_key(key)
-    except (TypeError, ValueError):
-        return None
-
-
 def _key_sequence(
     keys: Sequence[bytes | str], req: RequestContext | None
 ) -> Sequence[bytes | str]:
@@ -684,24 +617,3 @@ def _key_sequence(
     if req is not None and req.__class__ is not RequestContext:
         check_req(req)
     return keys
-
-
-def _check_admission(
-    admission: Mapping[str, AdmissionPolicy] | None, names: list[str]
-) -> dict[str, AdmissionPolicy]:
-    if admission is None:
-        return {}
-    if not isinstance(admission, Mapping):
-        raise TypeError(
-            f"admission must map tier names to policies, got {type(admission).__name__}"
-        )
-    out = dict(admission)
-    for name, policy in out.items():
-        if name not in names:
-            raise ConfigError(f"admission names tier {name!r}; the tiers are {', '.join(names)}")
-        if not isinstance(policy, AdmissionPolicy):
-            raise TypeError(
-                f"admission[{name!r}] must be an AdmissionPolicy (AdmitAll, AdmitAfter, "
-                f"AdmitTinyLFU), got {type(policy).__name__}"
-            )
-    return out

@@ -1,20 +1,27 @@
 """What lets threads other than the event loop's call into an engine (``BlockingEngine``).
 
-Two things, and nothing else: one lock that every core transition runs under, on the loop as in
-caller threads (never held across an await), and wake-ups posted to the engine's loop from
-whichever thread makes them (a ``complete_store`` in a caller thread settles a store that a
-``wait`` on the loop awaits). An engine used from its event loop alone keeps the no-op lock.
+One lock that every core transition runs under, on the loop as in caller threads (never held
+across an await); wake-ups posted to the engine's loop from whichever thread makes them (a
+``complete_store`` in a caller thread settles a store that a ``wait`` on the loop awaits); and
+the primary hits a caller's thread answers itself. An engine used from its event loop alone
+keeps the no-op lock.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["NO_LOCK", "Guard"]
+from .._core.table import READY
+from .._types import RequestContext, normalize_key, normalize_keys
+
+if TYPE_CHECKING:
+    from ..engine import TieringEngine
+
+__all__ = ["NO_LOCK", "CallerThreadAnswers", "Guard"]
 
 
 class _NoLock:
@@ -62,3 +69,66 @@ class Guard:
             fn(*args)
         else:
             self._loop.call_soon_threadsafe(fn, *args)
+
+
+class CallerThreadAnswers:
+    """What a caller's thread may answer itself, under the engine's lock, with no hop to the
+    loop: a primary hit of ``lookup``, ``lookup_prefix`` and ``get``. Anything else (a miss, a
+    bad argument) is answered by the loop, which also names the bad argument."""
+
+    __slots__ = ("_engine",)
+
+    def __init__(self, engine: TieringEngine) -> None:
+        self._engine = engine
+
+    def hit(self, key: bytes | str, req: RequestContext | None) -> bool:
+        """``lookup``'s primary hit, from any thread; False sends the call to the loop (which
+        also names any bad argument)."""
+        e = self._engine
+        if key.__class__ is not bytes:
+            key = _valid_key(key, req)  # type: ignore[assignment]
+            if key is None:
+                return False
+        elif req is not None and req.__class__ is not RequestContext:
+            return False
+        with e._guard.lock:
+            slot = e._index.get(key)  # type: ignore[arg-type]
+            if slot is None or e._state[slot] != READY or not e._fast:
+                return False
+            e._stats.primary_hit += 1
+            return True
+
+    def prefix_hits(
+        self, keys: Sequence[bytes | str], req: RequestContext | None
+    ) -> int | None:
+        """``lookup_prefix`` when every key is a hit, from any thread; else None."""
+        e = self._engine
+        try:
+            ks = normalize_keys(keys)
+        except (TypeError, ValueError):
+            return None
+        if _valid_key(b"", req) is None:
+            return None
+        with e._guard.lock:
+            if not (e._fast and e._all_ready(ks)):
+                return None
+            e._stats.primary_hit += len(ks)
+            return len(ks)
+
+    def cached(self, key: bytes | str, req: RequestContext | None) -> bytes | None:
+        """``get``'s hit, from any thread; None sends the call to the loop."""
+        e = self._engine
+        k = _valid_key(key, req)
+        with e._guard.lock:
+            return e._core.cached(k) if k is not None and e._fast else None
+
+
+def _valid_key(key: object, req: object) -> bytes | None:
+    """The key's bytes when ``key`` and ``req`` are valid, else None (the caller then takes the
+    path that raises the error naming them)."""
+    if req is not None and req.__class__ is not RequestContext:
+        return None
+    try:
+        return normalize_key(key)
+    except (TypeError, ValueError):
+        return None
