@@ -18,13 +18,15 @@ Every file operation runs on the tier's own thread pool, through ``aiofiles.os.w
 operations: a read is open + ``preadv`` straight into the caller's buffer + verify + close in
 one thread hop. Operations queued in the same loop iteration share hops (one hop carries many
 blocks), and at most ``io_threads`` hops are in flight.
+
+This module keeps what decides: the index and budget, the hand-over of evicted blocks, the
+start-up scan and the directory lock. What runs on the threads is in ``tiers/_ssd``: the hop
+runner (``hops``), the ops it runs (``ops``) and their system calls (``syscalls``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import errno
 import fcntl
 import logging
 import os
@@ -33,313 +35,40 @@ import struct
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final
-
-import aiofiles.os
 
 from .._core.budget import ByteBudgetLRU
 from .._types import MAX_KEY_BYTES, LookupResult, normalize_key
 from ..errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
-from .base import SecondaryTier, TierUsage
-from .framing import (
-    HEADER,
-    block_digest,
-    check_header,
-    check_payload,
-    checksum,
-    encode_header,
-    frame_size,
-    parse_header,
+from ._ssd.hops import HopRunner
+from ._ssd.layout import (
+    LOCK_NAME,
+    MARKER_NAME,
+    MARKER_TEXT,
+    RECENCY_NAME,
+    SHARDS,
+    TMP_PREFIX,
+    block_relpath,
+    key_digest,
+    parse_block_name,
 )
+from ._ssd.ops import BlockFiles, ReadOp, UnlinkOp, WriteOp
+from ._ssd.syscalls import O_CLOEXEC, unlink_quiet
+from ._ssd.turns import KeyTurns
+from .base import SecondaryTier, TierUsage
+from .framing import HEADER, block_digest, checksum, frame_size
 
-__all__ = ["SSDScan", "SSDTier", "scan_directory"]
+__all__ = ["SSDScan", "SSDTier", "block_relpath", "key_digest", "scan_directory"]
 
 log = logging.getLogger("aiotier.ssd")
 
-MARKER_NAME: Final = "aiotier-ssd"
-RECENCY_NAME: Final = "recency"
 _RECENCY_HEAD: Final = struct.Struct("<4sBQQ")  # magic, version, count, xxh3 of the digests
 _RECENCY_MAGIC: Final = b"ATRC"
-MARKER_TEXT: Final = "aiotier-ssd 1\n"
-LOCK_NAME: Final = "lock"
-TMP_PREFIX: Final = ".tmp-"
-SHARDS: Final = tuple(f"{i:02x}" for i in range(256))
-
-#: Most blocks and bytes one thread hop carries: enough blocks to amortise the hop's fixed
-#: cost, few enough that several hops run in parallel and a cancelled caller never waits long.
-#: The byte cap is at least half of a 64-block batch of 1 MiB blocks, so that such a batch
-#: splits evenly over two threads rather than into cap-sized hops that leave a short last hop
-#: running alone. Measurements: docs/ssd.md ("Threads, hops and speed").
-_HOP_MAX_OPS: Final = 32
-_HOP_MAX_BYTES: Final = 64 << 20
-#: How long a cancelled caller waits for a hop already touching its buffer before giving up.
-_CANCEL_GRACE: Final = 30.0
 #: Evicted keys kept for removed events before the oldest are dropped (engine not taking).
 _EVICTED_KEYS_MAX: Final = 1 << 16
 #: Evicted blocks kept for the tier below before the oldest are dropped (engine not taking).
 _HANDOVER_MAX_BYTES: Final = 256 << 20
-
-_O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
-_O_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
-_READ_FLAGS: Final = os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW
-_TMP_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC | _O_NOFOLLOW
-
-
-#: The digest naming a key's file; kept under this name for callers (``aiotier.bench.ssd``).
-key_digest = block_digest
-
-
-def block_relpath(digest: bytes, size: int) -> str:
-    """Path of a block file relative to the tier directory: the only place names are made.
-
-    ``<first byte of the digest>/<digest>-<frame size>.blk``, all in lowercase hex; the scan at
-    :meth:`SSDTier.open` parses them back (``_parse_block_name``).
-    """
-    h = digest.hex()
-    return f"{h[:2]}/{h}-{size:x}.blk"
-
-
-# -- work done on the tier's threads (no event-loop state touched here) -------------------------
-
-
-def _skip_views(views: list[memoryview], skip: int) -> list[memoryview]:
-    """``views`` without their first ``skip`` bytes."""
-    rest: list[memoryview] = []
-    for v in views:
-        if skip >= v.nbytes:
-            skip -= v.nbytes
-            continue
-        rest.append(v[skip:])
-        skip = 0
-    return rest
-
-
-def _read_exact_into(fd: int, views: list[memoryview], offset: int) -> int:
-    """``preadv`` until the views are full or EOF; return the bytes read."""
-    want = sum(v.nbytes for v in views)
-    got = 0
-    while got < want:  # a regular file returns short only at EOF
-        n = os.preadv(fd, _skip_views(views, got) if got else views, offset + got)
-        if n <= 0:
-            break
-        got += n
-    return got
-
-
-def _write_all(fd: int, chunks: list[memoryview]) -> None:
-    """``writev`` until every byte is written (a disk error raises ``OSError``)."""
-    pending = [c for c in chunks if c.nbytes]
-    while pending:
-        n = os.writev(fd, pending)
-        while n:
-            head = pending[0]
-            if n >= head.nbytes:
-                n -= head.nbytes
-                pending.pop(0)
-            else:
-                pending[0] = head[n:]
-                n = 0
-
-
-def _drop_file(fd: int, path: str) -> None:
-    """Unlink ``path`` if it is still the inode open as ``fd`` (a newer write may have landed)."""
-    try:
-        cur = os.stat(path, follow_symlinks=False)
-        mine = os.fstat(fd)
-        if cur.st_ino == mine.st_ino and cur.st_dev == mine.st_dev:
-            os.unlink(path)
-    except OSError:
-        pass
-
-
-def _open_for_read(path: str) -> int | None:
-    try:
-        return os.open(path, _READ_FLAGS)
-    except FileNotFoundError:
-        return None
-
-
-#: ``preadv`` flag that fails (EAGAIN) or returns short instead of waiting for the disk; 0 when
-#: the platform lacks it or the file system refused it once (every read then blocks).
-_nowait_flag: int = getattr(os, "RWF_NOWAIT", 0)
-
-
-def _preadv_nowait(fd: int, views: list[memoryview]) -> int:
-    """Read what the page cache already holds; 0 when a read would have to wait for the disk."""
-    global _nowait_flag
-    if not _nowait_flag:
-        return 0
-    try:
-        return os.preadv(fd, views, 0, _nowait_flag)
-    except BlockingIOError:
-        return 0
-    except OSError as exc:
-        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-            raise
-        _nowait_flag = 0
-        return 0
-
-
-def _verify_block(
-    fd: int, path: str, key: bytes, hdr: bytearray, buf: memoryview, got: int, tier_name: str
-) -> int:
-    """Check a block read as ``hdr`` + ``buf`` (``got`` bytes); drop the file if it is damaged.
-
-    ``buf`` is as long as the payload the file's name promises; a file that holds a complete
-    frame of another length is damaged too.
-    """
-    try:
-        _key_len, payload_len, digest = check_header(hdr, key, got)
-        if payload_len != buf.nbytes:
-            raise BlockCorruptedError(
-                f"key {key[:64]!r}: file holds {payload_len} payload bytes, its name says "
-                f"{buf.nbytes}"
-            )
-        check_payload(buf, key, digest)
-    except BlockCorruptedError as exc:
-        _drop_file(fd, path)
-        raise BlockCorruptedError(f"ssd tier {tier_name!r} file {path}: {exc}") from None
-    return payload_len
-
-
-def _read_whole_block(path: str) -> tuple[bytes, bytes] | None:
-    """(key, payload) of a verified block file, or None if it is gone or does not verify."""
-    try:
-        with open(path, "rb", buffering=0) as f:
-            blob = f.read()
-        key_len, _payload_len, digest = check_header(blob, None, len(blob))
-        key = blob[HEADER.size : HEADER.size + key_len]
-        payload = blob[HEADER.size + key_len :]
-        check_payload(payload, key, digest)
-        return key, payload
-    except (OSError, BlockCorruptedError):
-        return None
-
-
-def _read_block_key(path: str) -> bytes | None:
-    """The key in a block file's header, or None if the file is gone or not a block."""
-    try:
-        fd = os.open(path, _READ_FLAGS)
-    except OSError:
-        return None
-    try:
-        return parse_header(os.pread(fd, HEADER.size + MAX_KEY_BYTES, 0), where=path).key
-    except (OSError, BlockCorruptedError):
-        return None
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _unlink_quiet(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-
-
-class _Group:
-    """One future for a batch of ops: the event loop's cost of a batch must not grow with its
-    blocks (a future and a callback per block cost more than a warm block's read)."""
-
-    __slots__ = ("fut", "remaining", "results")
-
-    def __init__(self, fut: asyncio.Future[None], n: int) -> None:
-        self.fut = fut
-        self.remaining = n
-        self.results: list[Any] = [None] * n
-
-    def settle_one(self, index: int, outcome: Any) -> None:
-        self.results[index] = outcome
-        self.remaining -= 1
-        if self.remaining <= 0 and not self.fut.done():
-            self.fut.set_result(None)
-
-
-class _DiskOp:
-    """One queued unit of the SSD tier's disk work: ``run`` on a tier thread, ``finish`` on
-    the loop.
-
-    Reads run in two phases instead (``_ReadOp.start`` / ``complete``, see ``_run_ops``).
-    """
-
-    __slots__ = ("fut", "group", "index", "nbytes", "started", "withdrawn")
-
-    def __init__(self, nbytes: int) -> None:
-        self.fut: asyncio.Future[Any] | None = None
-        self.group: _Group | None = None
-        self.index = 0
-        self.nbytes = nbytes
-        self.started = False
-        self.withdrawn = False
-
-    def run(self) -> Any:
-        raise NotImplementedError
-
-    def finish(self, outcome: Any) -> None:
-        """Apply ``outcome`` (a value or an exception) to the index, then :meth:`settle`."""
-        self.settle(outcome)
-
-    def settle(self, outcome: Any) -> None:
-        """Hand ``outcome`` to whoever awaits this op (its own future or its group)."""
-        group = self.group
-        if group is not None:
-            group.settle_one(self.index, outcome)
-        elif self.fut is not None:
-            _resolve(self.fut, outcome)
-
-
-def _resolve(fut: asyncio.Future[Any], outcome: Any) -> None:
-    if fut.done():
-        return
-    if isinstance(outcome, BaseException):
-        fut.set_exception(outcome)
-    else:
-        fut.set_result(outcome)
-
-
-def _run_ops(ops: list[_DiskOp]) -> list[Any]:
-    """Body of one thread hop: every op in order, each failure kept in its own slot.
-
-    A read first takes what the page cache holds (``RWF_NOWAIT``: warm blocks cost one
-    ``preadv``). The reads that would wait for the disk keep their file open and finish after
-    the rest of the hop, all advised ``POSIX_FADV_WILLNEED`` first: the kernel fetches the cold
-    blocks at once (one thread, many I/Os in flight). The open file pins what the read sees,
-    so finishing late returns exactly what an in-order read would have.
-    """
-    out: list[Any] = [None] * len(ops)
-    cold: list[tuple[int, _ReadOp]] = []
-    for i, op in enumerate(ops):
-        try:
-            if type(op) is _ReadOp:
-                n = op.start()
-                if n is None:
-                    cold.append((i, op))
-                    continue
-                out[i] = n
-            else:
-                out[i] = op.run()
-        except Exception as exc:
-            out[i] = exc
-    if len(cold) > 1:
-        for _i, op in cold:
-            op.advise()
-    for i, op in cold:
-        try:
-            out[i] = op.complete()
-        except Exception as exc:
-            out[i] = exc
-    return out
-
-
-_run_ops_async = aiofiles.os.wrap(_run_ops)
 
 
 # -- start-up scan ------------------------------------------------------------------------------
@@ -375,7 +104,7 @@ def _read_recency(root: str, *, consume: bool) -> tuple[list[bytes], int]:
         return [], 0
     finally:
         if consume:
-            _unlink_quiet(path)
+            unlink_quiet(path)
     if len(blob) < _RECENCY_HEAD.size:
         return [], 0
     magic, version, count, digest = _RECENCY_HEAD.unpack_from(blob)
@@ -395,20 +124,6 @@ def _write_recency(root: str, digests: list[bytes]) -> None:
         f.write(head)
         f.write(body)
     os.replace(tmp, os.path.join(root, RECENCY_NAME))
-
-
-def _parse_block_name(name: str, shard: str) -> tuple[bytes, int] | None:
-    """(digest, size) of a canonical ``<digest>-<size>.blk`` name in ``shard``, else None."""
-    if len(name) < 38 or name[32] != "-" or not name.endswith(".blk") or name[:2] != shard:
-        return None
-    try:
-        digest = bytes.fromhex(name[:32])
-        size = int(name[33:-4], 16)
-    except ValueError:
-        return None
-    if len(digest) != 16 or digest.hex() != name[:32] or f"{size:x}" != name[33:-4]:
-        return None
-    return digest, size
 
 
 def _index_directory(
@@ -440,9 +155,9 @@ def _index_directory(
                 if name.startswith(TMP_PREFIX):
                     info.temporaries += 1
                     if repair:
-                        _unlink_quiet(entry.path)
+                        unlink_quiet(entry.path)
                     continue
-                parsed = _parse_block_name(name, shard)
+                parsed = parse_block_name(name, shard)
                 if parsed is None:
                     info.foreign += 1
                     continue
@@ -457,7 +172,7 @@ def _index_directory(
                 if st.st_size != size or size < HEADER.size:
                     info.torn += 1
                     if repair:
-                        _unlink_quiet(entry.path)
+                        unlink_quiet(entry.path)
                     continue
                 mtime = st.st_mtime_ns
                 newest = max(newest, mtime)
@@ -472,7 +187,7 @@ def _index_directory(
                     else:
                         loser = size
                     if repair:
-                        _unlink_quiet(os.path.join(root, block_relpath(digest, loser)))
+                        unlink_quiet(os.path.join(root, block_relpath(digest, loser)))
                     continue
                 found[digest] = (mtime, size)
     info.newest_mtime_ns = newest
@@ -490,7 +205,7 @@ def _index_directory(
             evicted_paths.append(os.path.join(root, block_relpath(digest, found[digest][1])))
         if repair:
             for p in evicted_paths:
-                _unlink_quiet(p)
+                unlink_quiet(p)
         info.evicted = len(evicted_paths)
         info.blocks = len(budget)
         info.bytes = budget.used
@@ -508,6 +223,24 @@ def scan_directory(path: str | os.PathLike[str]) -> SSDScan:
         raise ConfigError(f"{root!r} is not a directory")
     info, _budget, _evicted = _index_directory(root, None, repair=False)
     return info
+
+
+def _log_scan(tier_name: str, root: str, scan: SSDScan) -> None:
+    """Say once what opening a directory repaired or left alone."""
+    if scan.temporaries or scan.torn or scan.duplicates or scan.evicted:
+        log.info(
+            "ssd tier %r: removed %d temporaries, %d torn files, %d stale duplicates, "
+            "%d blocks over budget",
+            tier_name,
+            scan.temporaries,
+            scan.torn,
+            scan.duplicates,
+            scan.evicted,
+        )
+    if scan.foreign:
+        log.warning(
+            "ssd tier %r: ignoring %d foreign entries under %s", tier_name, scan.foreign, root
+        )
 
 
 class _OpenResult:
@@ -548,7 +281,7 @@ def _open_dir(root: str, capacity: int, tier_name: str) -> _OpenResult:
     elif text != MARKER_TEXT:
         raise TieringError(f"{where}: unsupported on-disk format {text.strip()!r}")
     try:
-        lock_fd = os.open(os.path.join(root, LOCK_NAME), os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o600)
+        lock_fd = os.open(os.path.join(root, LOCK_NAME), os.O_RDWR | os.O_CREAT | O_CLOEXEC, 0o600)
     except OSError as exc:
         raise TierUnavailableError(
             f"{where}: directory is not writable ({exc.strerror or exc})"
@@ -572,7 +305,7 @@ def _open_dir(root: str, capacity: int, tier_name: str) -> _OpenResult:
                     os.mkdir(os.path.join(root, shard), 0o700)
             # A read-only or full filesystem shows itself here, not at the first write.
             probe = os.path.join(root, f"{TMP_PREFIX}probe-{os.getpid()}")
-            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o600)
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_CLOEXEC, 0o600)
             os.close(fd)
             os.unlink(probe)
         except OSError as exc:
@@ -582,22 +315,13 @@ def _open_dir(root: str, capacity: int, tier_name: str) -> _OpenResult:
         with contextlib.suppress(FileNotFoundError):  # stale temporaries at the top level
             for name in os.listdir(root):
                 if name.startswith(TMP_PREFIX):
-                    _unlink_quiet(os.path.join(root, name))
+                    unlink_quiet(os.path.join(root, name))
         scan, budget, _evicted = _index_directory(root, capacity, repair=True)
         assert budget is not None
         return _OpenResult(root, lock_fd, budget, scan)
     except BaseException:
         os.close(lock_fd)
         raise
-
-
-def _close_fd(fd: int) -> None:
-    os.close(fd)
-
-
-_open_dir_async = aiofiles.os.wrap(_open_dir)
-_close_fd_async = aiofiles.os.wrap(_close_fd)
-_write_recency_async = aiofiles.os.wrap(_write_recency)
 
 
 # -- the tier -----------------------------------------------------------------------------------
@@ -638,16 +362,11 @@ class SSDTier(SecondaryTier):
         self.capacity_bytes = capacity_bytes
         self.last_scan: SSDScan | None = None
         self._budget = ByteBudgetLRU(capacity_bytes)
-        self._executor: ThreadPoolExecutor | None = None
+        self._runner: HopRunner | None = None
         self._lock_fd: int | None = None
         self._open = False
         self._closing = False
-        self._queue: deque[_DiskOp] = deque()
-        self._flush_scheduled = False
-        self._hops = 0
-        self._hop_tasks: set[asyncio.Task[None]] = set()
-        self._idle: asyncio.Event | None = None
-        self._busy: dict[bytes, asyncio.Future[None]] = {}
+        self._turns = KeyTurns()
         self._evicted: deque[tuple[bytes, bytes]] = deque()
         # Keys evicted with nothing handed over, for the engine's removed events (bounded: a
         # tier used without an engine never has them taken).
@@ -658,14 +377,12 @@ class SSDTier(SecondaryTier):
         # then as bytes in memory (``_handed``: digest -> payload, until take_evicted()).
         self._leaving: dict[bytes, int] = {}
         self._handed: dict[bytes, bytes] = {}
-        self._leaving_readers: dict[bytes, list[_ReadOp]] = {}
+        self._leaving_readers: dict[bytes, list[ReadOp]] = {}
         # Bytes the engine took at the last take_evicted(), kept (not advertised) until the next
         # one for reads already on their way: a lookup answered HIT just before the hand-over.
         self._handed_taken: dict[bytes, bytes] = {}
-        self._last_stamp = 0
-        self._tmp_seq = 0
+        self._files = BlockFiles(self.path, name, fsync=self.fsync)
         self._writes = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
         return f"<SSDTier name={self.name!r} path={self.path!r} capacity={self.capacity_bytes}>"
@@ -677,212 +394,66 @@ class SSDTier(SecondaryTier):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    @property
+    def runner(self) -> HopRunner | None:
+        """The thread pool and op queue, once opened: a seam for tests and tools, to read
+        (``runner.idle``: no disk work queued or running; ``runner.nowait``: whether the file
+        system serves ``RWF_NOWAIT`` reads). Do not submit to it."""
+        return self._runner
+
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def open(self) -> None:
         """Create and lock the directory and rebuild the index from it (one thread hop)."""
         if self._open:
             return
-        loop = asyncio.get_running_loop()
-        executor = ThreadPoolExecutor(self.io_threads, thread_name_prefix=f"aiotier-{self.name}")
+        runner = HopRunner(self.io_threads, self.name)
         try:
-            res: _OpenResult = await _open_dir_async(
-                self.path, self.capacity_bytes, self.name, executor=executor
-            )
+            res = await runner.call(_open_dir, self.path, self.capacity_bytes, self.name)
         except BaseException:
-            executor.shutdown(wait=False)
+            runner.shutdown()
             raise
-        self._executor = executor
-        self._loop = loop
+        self._runner = runner
         self.path = res.root
         self._lock_fd = res.lock_fd
         self._budget = res.budget
         self.last_scan = res.scan
         self.evictions += res.scan.evicted
-        self._last_stamp = max(self._last_stamp, res.scan.newest_mtime_ns)
-        self._idle = asyncio.Event()
-        self._idle.set()
+        stamp = max(self._files.last_stamp, res.scan.newest_mtime_ns)
+        self._files = BlockFiles(res.root, self.name, fsync=self.fsync, last_stamp=stamp)
         self._closing = False
         self._open = True
-        if res.scan.temporaries or res.scan.torn or res.scan.duplicates or res.scan.evicted:
-            log.info(
-                "ssd tier %r: removed %d temporaries, %d torn files, %d stale duplicates, "
-                "%d blocks over budget",
-                self.name,
-                res.scan.temporaries,
-                res.scan.torn,
-                res.scan.duplicates,
-                res.scan.evicted,
-            )
-        if res.scan.foreign:
-            log.warning(
-                "ssd tier %r: ignoring %d foreign entries under %s",
-                self.name,
-                res.scan.foreign,
-                self.path,
-            )
+        _log_scan(self.name, res.root, res.scan)
 
     async def aclose(self) -> None:
         """Let queued and running disk work finish (bounded), release the lock and the threads."""
         if not self._open:
             return
         self._closing = True
-        assert self._idle is not None
-        assert self._executor is not None
-        if not self._idle.is_set():
-            try:
-                await asyncio.wait_for(self._idle.wait(), _CANCEL_GRACE)
-            except TimeoutError:
-                log.error(
-                    "ssd tier %r: disk work still running after %ss; closing anyway",
-                    self.name,
-                    _CANCEL_GRACE,
-                )
+        runner = self._runner
+        assert runner is not None
+        await runner.drain()
         self._open = False
-        executor, self._executor = self._executor, None
         lock_fd, self._lock_fd = self._lock_fd, None
         try:
             try:
-                await _write_recency_async(self.path, list(self._budget), executor=executor)
+                await runner.call(_write_recency, self.path, list(self._budget))
             except OSError as exc:
                 log.warning("ssd tier %r: cannot save the LRU order: %s", self.name, exc)
             if lock_fd is not None:
-                await _close_fd_async(lock_fd, executor=executor)
+                await runner.call(os.close, lock_fd)
         finally:
-            executor.shutdown(wait=False)
-            self._busy.clear()
+            runner.shutdown()
+            self._turns.clear()
             self._handed_taken.clear()
 
-    def _check_open(self) -> None:
+    def _check_open(self) -> HopRunner:
+        """The runner to queue disk work on; ``TierUnavailableError`` unless open."""
         if not self._open or self._closing:
             state = "closing" if self._open else "not open"
             raise TierUnavailableError(f"ssd tier {self.name!r} at {self.path!r} is {state}")
-
-    # -- the op queue --------------------------------------------------------------------------
-
-    def _enqueue(self, *ops: _DiskOp) -> None:
-        self._queue.extend(ops)
-        assert self._idle is not None
-        self._idle.clear()
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            assert self._loop is not None
-            self._loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        """Pack queued ops into hops, spreading them over the free threads."""
-        self._flush_scheduled = False
-        queue = self._queue
-        while queue and self._hops < self.io_threads:
-            free = self.io_threads - self._hops
-            if not self._start_hop(-(-len(queue) // free)):
-                break
-        self._maybe_idle()
-
-    def _start_hop(self, max_ops: int) -> bool:
-        """Send up to ``max_ops`` queued ops (and ``_HOP_MAX_BYTES``) to a thread in one hop."""
-        queue = self._queue
-        batch: list[_DiskOp] = []
-        nbytes = 0
-        limit = min(max_ops, _HOP_MAX_OPS)
-        while queue and len(batch) < limit:
-            op = queue[0]
-            if op.withdrawn:
-                queue.popleft()
-                continue
-            if batch and nbytes + op.nbytes > _HOP_MAX_BYTES:
-                break
-            queue.popleft()
-            op.started = True
-            batch.append(op)
-            nbytes += op.nbytes
-        if not batch:
-            return False
-        self._hops += 1
-        assert self._loop is not None
-        task = self._loop.create_task(self._hop(batch))
-        self._hop_tasks.add(task)
-        task.add_done_callback(self._hop_tasks.discard)
-        return True
-
-    def _maybe_idle(self) -> None:
-        if self._hops == 0 and not self._queue and self._idle is not None:
-            self._idle.set()
-
-    async def _hop(self, batch: list[_DiskOp]) -> None:
-        outcomes: list[Any]
-        try:
-            outcomes = await _run_ops_async(batch, executor=self._executor)
-        except BaseException as exc:  # loop teardown cancelled us; the thread may still run
-            err = TierUnavailableError(f"ssd tier {self.name!r}: disk work abandoned: {exc!r}")
-            outcomes = [err] * len(batch)
-        finally:
-            self._hops -= 1
-        for op, outcome in zip(batch, outcomes, strict=True):
-            try:
-                op.finish(outcome)
-            except Exception:  # finish only touches the index; never let one op stop the rest
-                log.exception("ssd tier %r: finishing a disk op failed", self.name)
-        if self._queue and not self._flush_scheduled:
-            self._flush()
-        self._maybe_idle()
-
-    async def _submit(self, op: _DiskOp, *, withdrawable: bool) -> Any:
-        """Queue ``op`` and await its outcome.
-
-        A cancelled caller whose op is already on a thread waits (up to ``_CANCEL_GRACE``) for
-        the thread to finish before re-raising: the op may be writing into, or reading from,
-        the caller's buffer, and the caller may reuse that buffer as soon as we return.
-        """
-        assert self._loop is not None
-        fut = op.fut = self._loop.create_future()
-        self._enqueue(op)
-        try:
-            return await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            if not op.started and withdrawable:
-                op.withdrawn = True
-                fut.cancel()
-                raise
-            await _wait_settled(fut)
-            raise
-
-    async def _submit_group(self, ops: Sequence[_DiskOp], *, withdrawable: bool) -> list[Any]:
-        """Queue ``ops`` under one future; their outcomes in order (same cancellation rule)."""
-        assert self._loop is not None
-        group = _Group(self._loop.create_future(), len(ops))
-        for i, op in enumerate(ops):
-            op.group = group
-            op.index = i
-        self._enqueue(*ops)
-        try:
-            await asyncio.shield(group.fut)
-        except asyncio.CancelledError:
-            if withdrawable:
-                for op in ops:
-                    if not op.started and not op.withdrawn:
-                        op.withdrawn = True
-                        group.remaining -= 1
-                if group.remaining <= 0 and not group.fut.done():
-                    group.fut.set_result(None)
-            await _wait_settled(group.fut)
-            raise
-        return group.results
-
-    def _next_stamp(self) -> int:
-        """A strictly increasing wall-clock ns stamp: file mtimes carry exact write order.
-
-        File systems stamp mtimes from a coarse clock (a few ms), so writes set their own.
-        """
-        t = time.time_ns()
-        if t <= self._last_stamp:
-            t = self._last_stamp + 1
-        self._last_stamp = t
-        return t
-
-    def _path(self, digest: bytes, size: int) -> str:
-        """Where a block file lives: :func:`block_relpath` under the tier's directory."""
-        return f"{self.path}/{block_relpath(digest, size)}"
+        assert self._runner is not None
+        return self._runner
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -915,7 +486,7 @@ class SSDTier(SecondaryTier):
         _byte_view(buf)[: len(data)] = data
         return len(data)
 
-    def _read_op(self, key: bytes, buf: memoryview) -> _ReadOp | None:
+    def _read_op(self, key: bytes, buf: memoryview) -> ReadOp | None:
         key = _as_key(key)
         digest = block_digest(key)
         size = self._budget.size_of(digest)
@@ -937,29 +508,32 @@ class SSDTier(SecondaryTier):
                 f"ssd tier {self.name!r}: block {key[:64]!r} is {payload_len} bytes, buffer "
                 f"holds {buf.nbytes}"
             )
-        return _ReadOp(self, key, digest, size, payload_len, _byte_view(buf)[:payload_len])
+        view = _byte_view(buf)[:payload_len]
+        # writes_seen -1: a write of this key is in flight, so a missing file proves nothing
+        seen = -1 if digest in self._turns else self._writes
+        return ReadOp(self._files, key, digest, size, payload_len, view, seen, self._read_finished)
 
     async def read_into(self, key: bytes, buf: memoryview) -> int:
-        self._check_open()
+        runner = self._check_open()
         op = self._read_op(key, buf)
         if op is None:
             n = None
             if self._handed or self._handed_taken:
                 n = self._copy_handed(_as_key(key), buf)
             return -1 if n is None else n
-        result: int = await self._submit(op, withdrawable=True)
+        result: int = await runner.submit(op, withdrawable=True)
         return result
 
     async def read_many_into(
         self, keys: Sequence[bytes], bufs: Sequence[memoryview]
     ) -> list[int | Exception]:
         """Read many blocks; they share thread hops, and one bad block never fails the rest."""
-        self._check_open()
+        runner = self._check_open()
         if len(keys) != len(bufs):
             raise ValueError(f"{len(keys)} keys but {len(bufs)} buffers")
         out: list[int | Exception] = [-1] * len(keys)
         where: list[int] = []
-        ops: list[_ReadOp] = []
+        ops: list[ReadOp] = []
         for i, (k, b) in enumerate(zip(keys, bufs, strict=True)):
             try:
                 op = self._read_op(k, b)
@@ -974,12 +548,12 @@ class SSDTier(SecondaryTier):
                 where.append(i)
                 ops.append(op)
         if ops:
-            results = await self._submit_group(ops, withdrawable=True)
+            results = await runner.submit_group(ops, withdrawable=True)
             for i, r in zip(where, results, strict=True):
                 out[i] = r if isinstance(r, int) else _as_exception(r)
         return out
 
-    def _read_finished(self, op: _ReadOp, outcome: Any) -> None:
+    def _read_finished(self, op: ReadOp, outcome: Any) -> None:
         if type(outcome) is int and outcome >= 0:
             op.settle(outcome)  # read and verified (the common case): the index is unchanged
             return
@@ -996,33 +570,11 @@ class SSDTier(SecondaryTier):
             if op.writes_seen == self._writes and self._budget.size_of(op.digest) == op.size:
                 self._budget.discard(op.digest)
         elif isinstance(outcome, OSError):
-            err = TierUnavailableError(
-                f"ssd tier {self.name!r}: reading block {op.key[:64]!r}: {outcome}"
-            )
-            err.__cause__ = outcome
-            outcome = err
+            msg = f"ssd tier {self.name!r}: reading block {op.key[:64]!r}: {outcome}"
+            outcome = _unavailable(msg, outcome)
         op.settle(outcome)
 
     # -- writes --------------------------------------------------------------------------------
-
-    async def _acquire(self, digests: Sequence[bytes]) -> None:
-        """Own every digest in ``digests`` (writes and removes of one key never overlap)."""
-        assert self._loop is not None
-        while True:
-            for d in digests:
-                fut = self._busy.get(d)
-                if fut is not None:
-                    await asyncio.shield(fut)
-                    break
-            else:
-                for d in digests:
-                    self._busy[d] = self._loop.create_future()
-                return
-
-    def _release(self, digest: bytes) -> None:
-        fut = self._busy.pop(digest, None)
-        if fut is not None and not fut.done():
-            fut.set_result(None)
 
     def _admit(self, digest: bytes, size: int) -> list[tuple[bytes, int]]:
         """Account a new file of ``size`` bytes; return the (digest, size) evicted for it."""
@@ -1030,7 +582,7 @@ class SSDTier(SecondaryTier):
         self.evictions += len(victims)
         return victims
 
-    def _write_op(self, key: bytes, data: bytes | memoryview) -> _WriteOp:
+    def _write_op(self, key: bytes, data: bytes | memoryview) -> WriteOp:
         """Admit one block into the budget and build its write (the digest is already owned)."""
         view = _byte_view(data)
         size = frame_size(key, view.nbytes)
@@ -1041,29 +593,21 @@ class SSDTier(SecondaryTier):
         if self._leaving or self._handed:  # a newer write supersedes evicted bytes in transit
             self._supersede(key, digest)
         # A victim another op is writing is cleaned up by that op when it finishes.
-        victims = [(d, s) for d, s in victims if d not in self._busy]
-        unlink = [self._path(d, s) for d, s in victims]
+        victims = [(d, s) for d, s in victims if d not in self._turns]
         leaving: list[bytes] = []
         if self.handover_evicted:
             for d, s in victims:
                 self._leaving[d] = s
                 leaving.append(d)
-        self._tmp_seq += 1
-        final = self._path(digest, size)
-        tmp = f"{final.rpartition('/')[0]}/{TMP_PREFIX}{digest.hex()}-{self._tmp_seq:x}"
-        old_path = None if old is None or old == size else self._path(digest, old)
-        op = _WriteOp(
-            self,
+        op = self._files.write(
             key,
             digest,
             size,
             view,
-            final,
-            tmp,
-            old_path,
-            unlink,
+            old,
+            victims,
             handover=self.handover_evicted,
-            stamp=self._next_stamp(),
+            done=self._write_finished,
         )
         op.leaving = leaving
         op.report = self.report_evicted and not self.handover_evicted
@@ -1092,22 +636,22 @@ class SSDTier(SecondaryTier):
         return key
 
     async def write(self, key: bytes, data: bytes | memoryview) -> None:
-        self._check_open()
+        runner = self._check_open()
         key = self._check_write(key, data)
         digest = block_digest(key)
-        await self._acquire((digest,))
+        await self._turns.acquire((digest,))
         try:
             op = self._write_op(key, data)
         except BaseException:
-            self._release(digest)
+            self._turns.release(digest)
             raise
-        await self._submit(op, withdrawable=False)
+        await runner.submit(op, withdrawable=False)
 
     async def write_many(
         self, items: Sequence[tuple[bytes, bytes | memoryview]]
     ) -> list[Exception | None]:
         """Write many blocks through shared thread hops; failures are returned per item."""
-        self._check_open()
+        runner = self._check_open()
         out: list[Exception | None] = [None] * len(items)
         last: dict[bytes, int] = {}  # digest -> index of its last write in ``items``
         keys: list[bytes | None] = []
@@ -1123,8 +667,8 @@ class SSDTier(SecondaryTier):
         if not last:
             return out
         digests = list(last)
-        await self._acquire(digests)
-        ops: list[tuple[int, _WriteOp]] = []
+        await self._turns.acquire(digests)
+        ops: list[tuple[int, WriteOp]] = []
         for i in last.values():
             wkey = keys[i]
             assert wkey is not None
@@ -1132,12 +676,12 @@ class SSDTier(SecondaryTier):
         for _i, op in ops:
             if self._budget.size_of(op.digest) != op.size:
                 op.skip = True  # already evicted by a later block of this batch
-        results = await self._submit_group([op for _i, op in ops], withdrawable=False)
+        results = await runner.submit_group([op for _i, op in ops], withdrawable=False)
         for (i, _op), r in zip(ops, results, strict=True):
             out[i] = _as_exception(r) if isinstance(r, BaseException) else None
         return out
 
-    def _fill_from_handed(self, op: _ReadOp) -> int:
+    def _fill_from_handed(self, op: ReadOp) -> int:
         data = self._handed.get(op.digest)
         if data is None:
             data = self._handed_taken.get(op.digest)
@@ -1146,7 +690,7 @@ class SSDTier(SecondaryTier):
         op.buf[:] = data
         return op.payload_len
 
-    def _write_finished(self, op: _WriteOp, outcome: Any) -> None:
+    def _write_finished(self, op: WriteOp, outcome: Any) -> None:
         if not isinstance(outcome, BaseException):
             evicted, failure = outcome
             if op.report:
@@ -1164,27 +708,28 @@ class SSDTier(SecondaryTier):
             # no tier may return older bytes after a newer write was accepted).
             if self._budget.size_of(op.digest) == op.size:
                 self._budget.discard(op.digest)
-            self._release(op.digest)
+            self._turns.release(op.digest)
             if isinstance(outcome, OSError):
-                err = TierUnavailableError(
+                outcome = _unavailable(
                     f"ssd tier {self.name!r}: writing block {op.key[:64]!r} ({op.size} bytes on "
-                    f"disk): {outcome.strerror or outcome}"
+                    f"disk): {outcome.strerror or outcome}",
+                    outcome,
                 )
-                err.__cause__ = outcome
-                outcome = err
             op.settle(outcome)
             return
         if not op.skip and self._budget.size_of(op.digest) != op.size:
             # Evicted by another write while ours was on a thread: remove what we just wrote,
             # and report the write done only then (disk and index agree when a write returns).
-            self._enqueue(_UnlinkOp(self, op.final, op.digest, then=op))
+            assert self._runner is not None
+            unlink = UnlinkOp(self._files, op.final, op.digest, self._turns.release, then=op)
+            self._runner.enqueue(unlink)
             if op.report:
                 self._note_evicted((op.key,))
             return
-        self._release(op.digest)
+        self._turns.release(op.digest)
         op.settle(None)
 
-    def _hand_over(self, op: _WriteOp, evicted: list[tuple[bytes, bytes]]) -> None:
+    def _hand_over(self, op: WriteOp, evicted: list[tuple[bytes, bytes]]) -> None:
         if not evicted or not self.handover_evicted:
             return
         for key, data in evicted:
@@ -1219,18 +764,20 @@ class SSDTier(SecondaryTier):
         return out
 
     async def remove(self, key: bytes) -> bool:
-        self._check_open()
+        runner = self._check_open()
         key = _as_key(key)
         digest = block_digest(key)
-        await self._acquire((digest,))
+        await self._turns.acquire((digest,))
         in_transit = digest in self._leaving or digest in self._handed
         if in_transit:
             self._supersede(key, digest)
         size = self._budget.discard(digest)
         if size is None:
-            self._release(digest)
+            self._turns.release(digest)
             return in_transit
-        await self._submit(_UnlinkOp(self, self._path(digest, size), digest), withdrawable=False)
+        path = self._files.path(digest, size)
+        op = UnlinkOp(self._files, path, digest, self._turns.release)
+        await runner.submit(op, withdrawable=False)
         return True
 
     def contains_hint(self, key: bytes) -> bool | None:
@@ -1241,249 +788,11 @@ class SSDTier(SecondaryTier):
         return TierUsage(len(self._budget), self._budget.used, self._budget.capacity)
 
 
-# -- ops ----------------------------------------------------------------------------------------
-
-
-class _ReadOp(_DiskOp):
-    __slots__ = (
-        "buf",
-        "digest",
-        "fd",
-        "got",
-        "hdr",
-        "key",
-        "path",
-        "payload_len",
-        "size",
-        "tier",
-        "writes_seen",
-    )
-
-    def __init__(
-        self,
-        tier: SSDTier,
-        key: bytes,
-        digest: bytes,
-        size: int,
-        payload_len: int,
-        buf: memoryview,
-    ) -> None:
-        super().__init__(size)
-        self.tier = tier
-        self.key = key
-        self.digest = digest
-        self.size = size
-        self.payload_len = payload_len
-        self.buf = buf
-        # -1: a write of this key is in flight, so a missing file proves nothing
-        self.writes_seen = -1 if digest in tier._busy else tier._writes
-        # path is named on the thread by start(); fd, hdr and got are set by start() only when
-        # the page cache did not hold the whole block (for advise() and complete()).
-        self.fd: int
-        self.hdr: bytearray
-        self.got: int
-        self.path: str
-
-    def start(self) -> int | None:
-        """Open and read what the page cache holds: the outcome, or None if the disk is needed.
-
-        No ``utime`` on reads: it dirties the inode (a journal write) on every promotion; read
-        recency survives a clean restart through the recency file instead.
-        """
-        self.path = self.tier._path(self.digest, self.size)
-        fd = _open_for_read(self.path)
-        if fd is None:
-            return -1
-        try:
-            hdr = bytearray(HEADER.size + len(self.key))
-            views = [memoryview(hdr), self.buf]
-            got = _preadv_nowait(fd, views)
-            if got != len(hdr) + self.payload_len:
-                self.fd, self.hdr, self.got = fd, hdr, got
-                fd = -1  # complete() closes it
-                return None
-            return _verify_block(fd, self.path, self.key, hdr, self.buf, got, self.tier.name)
-        finally:
-            if fd >= 0:
-                os.close(fd)
-
-    def advise(self) -> None:
-        with contextlib.suppress(OSError):
-            os.posix_fadvise(self.fd, self.got, 0, os.POSIX_FADV_WILLNEED)
-
-    def complete(self) -> int:
-        """Read the rest (waiting for the disk), verify, close."""
-        fd = self.fd
-        try:
-            views = [memoryview(self.hdr), self.buf]
-            got = self.got + _read_exact_into(fd, _skip_views(views, self.got), self.got)
-            return _verify_block(fd, self.path, self.key, self.hdr, self.buf, got, self.tier.name)
-        finally:
-            os.close(fd)
-
-    def finish(self, outcome: Any) -> None:
-        self.tier._read_finished(self, outcome)
-
-
-class _WriteOp(_DiskOp):
-    __slots__ = (
-        "data",
-        "digest",
-        "final",
-        "handover",
-        "key",
-        "leaving",
-        "old_path",
-        "report",
-        "size",
-        "skip",
-        "stamp",
-        "tier",
-        "tmp",
-        "unlink",
-    )
-
-    def __init__(
-        self,
-        tier: SSDTier,
-        key: bytes,
-        digest: bytes,
-        size: int,
-        data: memoryview,
-        final: str,
-        tmp: str,
-        old_path: str | None,
-        unlink: list[str],
-        *,
-        handover: bool,
-        stamp: int,
-    ) -> None:
-        super().__init__(size)
-        self.tier = tier
-        self.key = key
-        self.digest = digest
-        self.size = size
-        self.data = data
-        self.final = final
-        self.tmp = tmp
-        self.old_path = old_path
-        self.unlink = unlink
-        self.handover = handover
-        self.stamp = stamp
-        #: Evicted by a later block of its own batch before it was written: only clean up.
-        self.skip = False
-        #: Victims being handed over to the tier below (digests in the tier's ``_leaving``).
-        self.leaving: list[bytes] = []
-        #: Name the victims (their keys, read from the headers) when nothing is handed over.
-        self.report = False
-
-    def run(self) -> tuple[list[tuple[bytes, bytes]], BaseException | None]:
-        """Make room, then write; the victims' bytes are returned even when the write fails."""
-        evicted: list[tuple[bytes, bytes]] = []
-        for victim in self.unlink:  # make room first
-            if self.handover:
-                got = _read_whole_block(victim)
-                if got is not None:
-                    evicted.append(got)
-            elif self.report:
-                key = _read_block_key(victim)
-                if key is not None:
-                    evicted.append((key, b""))
-            _unlink_quiet(victim)
-        if self.skip:
-            for p in (self.final, self.old_path):
-                if p is not None:
-                    _unlink_quiet(p)
-            if self.handover:
-                evicted.append((self.key, bytes(self.data)))
-            elif self.report:
-                evicted.append((self.key, b""))
-            return evicted, None
-        try:
-            self._write()
-        except Exception as exc:
-            # No older bytes may survive a newer write that was accepted and then failed.
-            for p in (self.final, self.old_path):
-                if p is not None:
-                    with contextlib.suppress(OSError):
-                        _unlink_quiet(p)
-            return evicted, exc
-        if self.old_path is not None:
-            _unlink_quiet(self.old_path)
-        return evicted, None
-
-    def _write(self) -> None:
-        header = encode_header(self.key, self.data)
-        try:
-            fd = os.open(self.tmp, _TMP_FLAGS, 0o600)
-        except FileExistsError:  # a stale temporary of a crashed process with our pid reuse
-            _unlink_quiet(self.tmp)
-            fd = os.open(self.tmp, _TMP_FLAGS, 0o600)
-        try:
-            try:
-                _write_all(fd, [memoryview(header), self.data])
-                os.utime(fd, ns=(self.stamp, self.stamp))
-                if self.tier.fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(self.tmp, self.final)
-        except BaseException:
-            _unlink_quiet(self.tmp)
-            raise
-        if self.tier.fsync:
-            _fsync_dir(os.path.dirname(self.final))
-
-    def finish(self, outcome: Any) -> None:
-        self.tier._write_finished(self, outcome)
-
-
-class _UnlinkOp(_DiskOp):
-    __slots__ = ("digest", "path", "then", "tier")
-
-    def __init__(
-        self, tier: SSDTier, path: str, digest: bytes, *, then: _DiskOp | None = None
-    ) -> None:
-        super().__init__(0)
-        self.tier = tier
-        self.path = path
-        self.digest = digest
-        self.then = then  # another op, settled once this clean-up is done
-
-    def run(self) -> None:
-        _unlink_quiet(self.path)
-        if self.tier.fsync:
-            _fsync_dir(os.path.dirname(self.path))
-
-    def finish(self, outcome: Any) -> None:
-        self.tier._release(self.digest)
-        if isinstance(outcome, OSError):
-            log.warning("ssd tier %r: removing %s failed: %s", self.tier.name, self.path, outcome)
-            outcome = None
-        self.settle(outcome)
-        if self.then is not None:
-            self.then.settle(None)
-
-
-async def _wait_settled(fut: asyncio.Future[Any]) -> None:
-    """Wait, ignoring further cancellation, until ``fut`` settles (at most ``_CANCEL_GRACE``).
-
-    Used after a caller was cancelled while its op was on (or bound for) a thread: the op may
-    touch the caller's buffer until then.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + _CANCEL_GRACE
-    while not fut.done():
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            log.error(
-                "ssd tier: a cancelled disk operation is still running after %ss", _CANCEL_GRACE
-            )
-            return
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait((fut,), timeout=remaining)
-    if not fut.cancelled():
-        fut.exception()  # mark retrieved: the cancelled caller will not look at it
+def _unavailable(message: str, cause: OSError) -> TierUnavailableError:
+    """A disk error as the tier's error, the ``OSError`` kept as its cause."""
+    err = TierUnavailableError(message)
+    err.__cause__ = cause
+    return err
 
 
 def _as_exception(exc: BaseException) -> Exception:

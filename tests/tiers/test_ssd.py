@@ -21,7 +21,9 @@ from blockbuster import blockbuster_ctx
 from aiotier._types import LookupResult
 from aiotier.errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
 from aiotier.tiers import SSDTier
-from aiotier.tiers import ssd as ssd_mod
+from aiotier.tiers._ssd.hops import HopRunner
+from aiotier.tiers._ssd.ops import ReadOp
+from aiotier.tiers._ssd.syscalls import NowaitProbe
 from aiotier.tiers.framing import HEADER, encode_header
 from aiotier.tiers.ssd import block_relpath, key_digest, scan_directory
 
@@ -149,12 +151,12 @@ async def test_file_names_are_pinned(tier: SSDTier, root: Path) -> None:
 
 @pytest.mark.parametrize("size", [HEADER.size, 28, 0x10_0000, (1 << 40) + 3])
 def test_block_names_parse_back_to_digest_and_size(size: int) -> None:
-    from aiotier.tiers.ssd import _parse_block_name
+    from aiotier.tiers._ssd.layout import parse_block_name
 
     digest = key_digest(b"key-%d" % size)
     shard, name = block_relpath(digest, size).split("/")
     assert shard == digest.hex()[:2]
-    assert _parse_block_name(name, shard) == (digest, size)
+    assert parse_block_name(name, shard) == (digest, size)
 
 
 async def test_read_many_into_one_bad_block_does_not_fail_its_neighbours(
@@ -454,13 +456,13 @@ async def test_reads_that_wait_for_the_disk_finish_after_the_warm_ones(
     for k in cold:
         _drop_cached_pages(file_of(root, k, 300_000), cached_prefix)
     completed: list[bytes] = []
-    real_complete = ssd_mod._ReadOp.complete
+    real_complete = ReadOp.complete
 
     def complete(op: Any) -> int:
         completed.append(op.key)
         return real_complete(op)
 
-    monkeypatch.setattr(ssd_mod._ReadOp, "complete", complete)
+    monkeypatch.setattr(ReadOp, "complete", complete)
     keys = list(blocks)
     bufs = [bytearray(300_000) for _ in keys]
     got = await tier.read_many_into(keys, [memoryview(b) for b in bufs])
@@ -480,29 +482,36 @@ async def test_cold_and_partly_cached_reads_continue_where_the_cache_ended(
     keys = list(blocks)
     bufs = [bytearray(300_000) for _ in keys]
     key_of_buf = {id(b): k for k, b in zip(keys, bufs, strict=True)}
-    real_nowait = ssd_mod._preadv_nowait
+    nowait = _runner(tier).nowait
+    real_nowait = nowait.preadv
     cached = {b"k1": 0, b"k3": 70_000}
     order: list[tuple[str, bytes]] = []
 
-    def preadv_nowait(fd: int, views: list[memoryview]) -> int:
+    def preadv_nowait(fd: int, views: list[memoryview], offset: int) -> int:
         key = key_of_buf[id(views[1].obj)]
         order.append(("start", key))
         if key not in cached:
-            return real_nowait(fd, views)
-        return os.preadv(fd, _first_bytes(views, cached[key]), 0) if cached[key] else 0
+            return real_nowait(fd, views, offset)
+        return os.preadv(fd, _first_bytes(views, cached[key]), offset) if cached[key] else 0
 
-    real_complete = ssd_mod._ReadOp.complete
+    real_complete = ReadOp.complete
 
     def complete(op: Any) -> int:
         order.append(("complete", op.key))
         return real_complete(op)
 
-    monkeypatch.setattr(ssd_mod, "_preadv_nowait", preadv_nowait)
-    monkeypatch.setattr(ssd_mod._ReadOp, "complete", complete)
+    monkeypatch.setattr(nowait, "preadv", preadv_nowait)
+    monkeypatch.setattr(ReadOp, "complete", complete)
     got = await tier.read_many_into(keys, [memoryview(b) for b in bufs])
     assert got == [300_000] * len(keys)
     assert [bytes(b) for b in bufs] == list(blocks.values())
     assert order == [("start", k) for k in keys] + [("complete", b"k1"), ("complete", b"k3")]
+
+
+def _runner(tier: SSDTier) -> HopRunner:
+    """The open tier's runner: the seam to its threads (``SSDTier.runner``)."""
+    assert tier.runner is not None
+    return tier.runner
 
 
 def _first_bytes(views: list[memoryview], n: int) -> list[memoryview]:
@@ -529,12 +538,13 @@ async def test_reads_work_where_the_file_system_refuses_rwf_nowait(
             raise OSError(errno.EOPNOTSUPP, "not supported")
         return real_preadv(fd, views, offset)
 
-    monkeypatch.setattr(ssd_mod, "_nowait_flag", getattr(os, "RWF_NOWAIT", 0) or 8)
-    monkeypatch.setattr(ssd_mod.os, "preadv", preadv)
+    nowait: NowaitProbe = _runner(tier).nowait
+    monkeypatch.setattr(nowait, "flag", getattr(os, "RWF_NOWAIT", 0) or 8)
+    monkeypatch.setattr(os, "preadv", preadv)
     assert await read(tier, b"k") == b"v" * 5000
     assert await read(tier, b"k") == b"v" * 5000
     assert len(refused) == 1  # asked once, then every read blocks
-    assert ssd_mod._nowait_flag == 0
+    assert nowait.flag == 0
 
 
 async def test_file_deleted_behind_the_tiers_back_is_absent(tier: SSDTier, root: Path) -> None:
@@ -891,14 +901,15 @@ async def test_cancelled_read_does_not_return_while_its_thread_writes_the_buffer
     await tier.write(b"k", b"v" * 1000)
     entered = threading.Event()
     release = threading.Event()
-    real = ssd_mod._verify_block
+    nowait = _runner(tier).nowait
+    real = nowait.preadv
 
-    def slow_verify_block(*args: Any) -> int:
+    def slow_preadv(*args: Any) -> int:  # on the tier's thread, before the buffer is written
         entered.set()
         assert release.wait(10)
         return real(*args)
 
-    monkeypatch.setattr(ssd_mod, "_verify_block", slow_verify_block)
+    monkeypatch.setattr(nowait, "preadv", slow_preadv)
     buf = bytearray(1000)
     task = asyncio.ensure_future(tier.read_into(b"k", memoryview(buf)))
     await until(entered.is_set)
@@ -975,7 +986,7 @@ async def test_concurrent_writes_removes_and_evictions_keep_index_and_disk_in_st
                     assert got is None or got.startswith(k) or got == b"w" * 2000
 
         await asyncio.gather(*(worker(n) for n in range(8)))
-        await until(lambda: t._idle is not None and t._idle.is_set())
+        await until(lambda: _runner(t).idle)
         u = t.usage()
         assert u.bytes_used <= 20_000
         files = block_files(root)

@@ -236,11 +236,11 @@ async def test_evictions_of_the_last_tier_are_reported_as_removed_events(
 async def test_a_tier_without_an_engine_does_not_read_its_victims(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from aiotier.tiers import ssd as ssd_mod
+    from aiotier.tiers._ssd import ops
 
     reads: list[str] = []
-    real = ssd_mod._read_block_key
-    monkeypatch.setattr(ssd_mod, "_read_block_key", lambda p: reads.append(p) or real(p))
+    real = ops.read_block_key
+    monkeypatch.setattr(ops, "read_block_key", lambda p: reads.append(p) or real(p))
     size = HEADER.size + 2 + 100
     async with SSDTier(tmp_path / "ssd", 2 * size) as t:
         assert await t.write_many([(f"k{i}".encode(), b"v" * 100) for i in range(5)]) == [None] * 5
