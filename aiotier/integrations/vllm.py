@@ -42,7 +42,7 @@ from enum import Enum, auto
 from types import ModuleType
 from typing import Any, NamedTuple, NewType, cast
 
-from aiotier import BlockingEngine, RequestContext
+from aiotier import BlockingEngine, PrimaryTier, RequestContext, SecondaryTier
 from aiotier import LookupResult as TierAnswer
 
 __all__ = [
@@ -322,8 +322,8 @@ class AiotierOffloadingManager:
     @classmethod
     def create(
         cls,
-        primary: Any,
-        secondary: Iterable[Any] = (),
+        primary: PrimaryTier,
+        secondary: Iterable[SecondaryTier] = (),
         *,
         types: VllmTypes | None = None,
         media: Mapping[str, Any] | None = None,
