@@ -35,6 +35,17 @@ def test_custom_tier() -> None:
     assert "counted read errors: 1" in out.stdout
 
 
+def test_vllm_offloading_spec() -> None:
+    """Runs without vLLM: the manager driven the way vLLM's scheduler-side connector does."""
+    out = run("examples/vllm_offloading_spec.py")
+    assert out.returncode == 0, out.stderr
+    assert "r2 admitted: 4 blocks reused, 4 stored (3 evicted to the memory tier)" in out.stdout
+    assert "r3 deferred: its blocks are on their way up" in out.stdout
+    assert "9 blocks reused, 1 stored" in out.stdout
+    assert "stored in memory" in out.stdout  # evictions were written back below
+    assert "every loaded block verified; pinned blocks at the end: 0" in out.stdout
+
+
 def test_otlp_export_reaches_a_collector(otlp_sink: tuple[str, list[bytes]]) -> None:
     url, received = otlp_sink
     out = run("examples/otlp_export.py", url)
