@@ -14,6 +14,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
 from ._core.admission import AdmissionPolicy, AdmitAfter, AdmitAll, AdmitTinyLFU
+from ._core.breaker import BreakerPolicy
 from ._types import (
     BlockEvent,
     LoadSpec,
@@ -23,7 +24,7 @@ from ._types import (
     StoreSpec,
 )
 from .blocking import BlockingEngine
-from .engine import EngineStats, TieringEngine
+from .engine import EngineStats, TierHealth, TieringEngine
 from .errors import (
     BlockCorruptedError,
     BlockNotReadyError,
@@ -47,6 +48,7 @@ __all__ = [
     "BlockEvent",
     "BlockNotReadyError",
     "BlockingEngine",
+    "BreakerPolicy",
     "ConfigError",
     "EngineStats",
     "LoadSpec",
@@ -60,6 +62,7 @@ __all__ = [
     "SSDTier",
     "SecondaryTier",
     "StoreSpec",
+    "TierHealth",
     "TierUnavailableError",
     "TierUsage",
     "TieringEngine",

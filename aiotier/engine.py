@@ -14,20 +14,22 @@ import asyncio
 import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final
 
 from opentelemetry.metrics import MeterProvider
 
 from ._core.admission import AdmissionPolicy
+from ._core.breaker import BreakerPolicy
 from ._core.engine_core import EngineCore
 from ._core.requests import RequestState
 from ._core.table import READY
 from ._core.writeback import remove
+from ._engine.breakers import Breakers
 from ._engine.cache import CacheCalls
 from ._engine.options import WritePolicy, engine_options
 from ._engine.reads import TierReads
+from ._engine.status import EngineStats, EngineStatus, TierHealth
 from ._engine.threads import CallerThreadAnswers, Guard
 from ._engine.writers import Writers
 from ._types import (
@@ -42,33 +44,16 @@ from ._types import (
 from ._validate import check_positive, check_req, str_ids
 from .errors import TieringError
 from .telemetry import Telemetry
-from .tiers.base import SecondaryTier, TierUsage
+from .tiers.base import SecondaryTier
 from .tiers.primary import PrimaryTier
 
-__all__ = ["EngineStats", "TieringEngine", "WritePolicy"]
+__all__ = ["EngineStats", "TierHealth", "TieringEngine", "WritePolicy"]
 
 
 _HIT: Final = LookupResult.HIT
 _MISS: Final = LookupResult.MISS
 _RETRY: Final = LookupResult.RETRY
 _MAX_BUFFERED_SAMPLES: Final = 100_000  # flush metrics early when nobody calls end_step
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    """A snapshot of the engine.
-
-    ``counters`` holds totals since the engine was created, keyed by metric and labels, e.g.
-    ``("lookups", "primary", "hit")``, ``("promotions", "ssd", "ok")``,
-    ``("tier_errors", "redis", "read")``.
-    """
-
-    tiers: Mapping[str, TierUsage]
-    promotions_in_flight: int
-    pinned_blocks: int
-    pending_writes: int
-    step: int
-    counters: Mapping[tuple[str, ...], int]
 
 
 class TieringEngine:
@@ -96,6 +81,7 @@ class TieringEngine:
         immutable_keys: bool = False,
         admission: Mapping[str, AdmissionPolicy] | None = None,
         max_promotion_share: float = 0.9,
+        breaker: BreakerPolicy | None = BreakerPolicy(),  # noqa: B008 - frozen, shared safely
     ) -> None:
         o = engine_options(
             primary,
@@ -112,6 +98,7 @@ class TieringEngine:
             immutable_keys=immutable_keys,
             admission=admission,
             max_promotion_share=max_promotion_share,
+            breaker=breaker,
         )
         self.primary = primary
         self.tiers = tiers = o.tiers
@@ -159,18 +146,29 @@ class TieringEngine:
             tier_admission=[o.admission.get(t.name) for t in tiers],
             notify=self._notify_writer,
         )
-        self._writers = Writers(core, tiers, hand_over, self.io_timeout, guard)
-        self._reads = TierReads(core, tiers, self.promotion_timeout, guard)
+        #: Each secondary tier's circuit: while open the engine does not call the tier.
+        self.breaker = o.breaker
+        breakers = Breakers(tiers, o.breaker, guard)
+        self._writers = Writers(core, tiers, hand_over, self.io_timeout, guard, breakers)
+        self._reads = TierReads(core, tiers, self.promotion_timeout, guard, breakers)
         self._cache = CacheCalls(
             core,
             tiers,
             self._reads,
             guard,
+            breakers,
             wait=lambda ks, timeout: self.wait(ks, timeout=timeout),
             promotion_timeout=self.promotion_timeout,
             io_timeout=self.io_timeout,
         )
-        self._telemetry = Telemetry(meter_provider, self._usage_by_tier)
+        self._status = status = EngineStatus(
+            core, primary, tiers, guard, breakers, lambda: self._opened and not core.closed
+        )
+        self._telemetry = Telemetry(
+            meter_provider,
+            {"tier_usage": status.usage_by_tier, "tier_breaker_state": status.breaker_levels},
+            health=self.health,
+        )
 
         # the primary-hit paths read these directly (the table never replaces them)
         self._index = primary.table.index
@@ -297,6 +295,7 @@ class TieringEngine:
                     with lock:
                         core.stats.count("tier_errors", t.name, "close")
         self._flush_metrics()
+        self._telemetry.detach()
 
     def _check_open(self) -> None:
         if self._core.closed:
@@ -564,30 +563,14 @@ class TieringEngine:
 
     def stats(self) -> EngineStats:
         """A snapshot: per-tier usage, promotions in flight, pinned blocks, counters."""
-        core = self._core
-        tiers = dict(self._usages())
-        with self._guard.lock:
-            return EngineStats(
-                tiers=tiers,
-                promotions_in_flight=core.inflight.promoting,
-                pinned_blocks=core.table.pinned(),
-                pending_writes=len(core.writes),
-                step=core.step,
-                counters=dict(core.counters()),
-            )
+        return self._status.stats()
 
-    def _usages(self) -> list[tuple[str, TierUsage]]:
-        out = [(self.primary.name, self.primary.usage())]
-        for t in self.tiers:
-            try:
-                out.append((t.name, t.usage()))
-            except Exception:
-                with self._guard.lock:
-                    self._stats.count("tier_errors", t.name, "usage")
-        return out
+    def health(self) -> dict[str, TierHealth]:
+        """Each tier, the primary first, as a readiness probe sees it: safe from any thread.
 
-    def _usage_by_tier(self) -> list[tuple[str, int]]:
-        return [(name, u.bytes_used) for name, u in self._usages()]
+        ``/readyz`` of :func:`aiotier.telemetry.start_prometheus_server` serves this.
+        """
+        return self._status.health()
 
     # ------------------------------------------------------------------ helpers
 

@@ -4,17 +4,29 @@ Every metric is defined once in :data:`~aiotier._core.metrics.METRICS` (name, ki
 buckets, labels). The hot path never calls OpenTelemetry: it bumps plain counters in
 :class:`~aiotier._core.stats.StepStats`, and :meth:`Telemetry.flush` turns a step's aggregates
 into one ``add`` per counter and label set and one ``record`` per histogram sample.
+
+:func:`start_prometheus_server` also serves ``/healthz`` and ``/readyz`` for probes: every
+engine created with the provider it returns reports its tiers there (see
+``docs/operations.md``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any
+import json
+import socket
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from opentelemetry import metrics
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 from opentelemetry.sdk.metrics import MeterProvider as SDKMeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader
 
 from ._core.metrics import (
     ALLOCATION_SIZE_BUCKETS,
@@ -28,19 +40,28 @@ from ._core.metrics import (
 )
 from ._core.stats import StepSnapshot
 
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+
+    from ._engine.status import TierHealth
+
 __all__ = [
     "ALLOCATION_SIZE_BUCKETS",
     "ASYNC_DELAY_BUCKETS",
     "METRICS",
     "PROMOTION_DURATION_BUCKETS",
     "SYNC_DELAY_BUCKETS",
+    "HealthChecks",
     "MetricDef",
     "Telemetry",
     "start_otlp_exporter",
     "start_prometheus_server",
 ]
 
-UsageSource = Callable[[], Iterable[tuple[str, int]]]
+#: A gauge's values when metrics are collected: (tier name, value) pairs.
+GaugeSource = Callable[[], Iterable[tuple[str, int]]]
+#: An engine's ``health`` method.
+HealthSource = Callable[[], "Mapping[str, TierHealth]"]
 
 # Samples are handed over at the step boundary, where the current span (if any) is the
 # scheduler's, not the request's: an exemplar would point at the wrong trace. An empty context
@@ -49,14 +70,24 @@ _NO_CONTEXT = Context()
 
 
 class Telemetry:
-    """The engine's instruments on one meter; ``flush`` exports one step's buffers."""
+    """The engine's instruments on one meter; ``flush`` exports one step's buffers.
 
-    def __init__(self, meter_provider: MeterProvider | None, usage: UsageSource) -> None:
+    ``gauges`` gives, per gauge row of METRICS, where its per-tier values come from. ``health``
+    is the engine's, reported on ``/readyz`` when the provider serves one (it is held weakly
+    until :meth:`detach`).
+    """
+
+    def __init__(
+        self,
+        meter_provider: MeterProvider | None,
+        gauges: Mapping[str, GaugeSource],
+        *,
+        health: HealthSource | None = None,
+    ) -> None:
         provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
         from . import __version__
 
         meter = provider.get_meter("aiotier", __version__)
-        self._usage = usage
         self._instruments: dict[str, Any] = {}
         for m in METRICS:
             if m.kind is MetricKind.COUNTER:
@@ -72,11 +103,22 @@ class Telemetry:
                 )
             else:
                 inst = meter.create_observable_gauge(
-                    m.otel_name, callbacks=[self._observe_usage], unit=m.unit,
+                    m.otel_name, callbacks=[self._observer(m.key, gauges[m.key])], unit=m.unit,
                     description=m.description,
                 )
             self._instruments[m.key] = inst
         self._attrs: dict[tuple[str, ...], dict[str, str] | None] = {}
+        self._checks: HealthChecks | None = None
+        self._health: HealthSource | None = None
+        if health is not None and isinstance(provider, _ServingMeterProvider):
+            self._checks, self._health = provider.health_checks, health
+            self._checks.add(health)
+
+    def detach(self) -> None:
+        """The engine closed: ``/readyz`` stops reporting it."""
+        if self._checks is not None and self._health is not None:
+            self._checks.remove(self._health)
+            self._checks = self._health = None
 
     def _labels(self, key: tuple[str, ...]) -> dict[str, str] | None:
         """Attribute dicts by ``(metric key, *label values)``, cached: label sets repeat."""
@@ -88,8 +130,13 @@ class Telemetry:
             self._attrs[key] = attrs
             return attrs
 
-    def _observe_usage(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(used, self._labels(("tier_usage", t))) for t, used in self._usage()]
+    def _observer(
+        self, key: str, source: GaugeSource
+    ) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(value, self._labels((key, t))) for t, value in source()]
+
+        return observe
 
     def flush(self, step: StepSnapshot) -> None:
         """One ``add`` per counter and label set, one ``record`` per sample."""
@@ -106,10 +153,53 @@ class Telemetry:
                 instruments[key[0]].add(n, labels(key), ctx)
 
 
+class HealthChecks:
+    """The engines whose tiers ``/readyz`` reports, held weakly (a dropped engine is gone)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # engines come and go on the loop; probes read in a thread
+        self._checks: list[weakref.WeakMethod[HealthSource]] = []
+
+    def add(self, health: HealthSource) -> None:
+        with self._lock:
+            self._checks.append(weakref.WeakMethod(health))
+
+    def remove(self, health: HealthSource) -> None:
+        with self._lock:
+            self._checks = [c for c in self._checks if c() not in (None, health)]
+
+    def report(self, exclude: frozenset[str] = frozenset()) -> tuple[bool, dict[str, Any]]:
+        """Whether every tier of every engine (but those named in ``exclude``) is ready, and
+        the JSON document that says so per tier. No engine means not ready."""
+        with self._lock:
+            live = [h for h in (c() for c in self._checks) if h is not None]
+        engines = []
+        for health in live:
+            try:
+                tiers = {name: t.as_dict() for name, t in health().items()}
+            except Exception as exc:  # a broken report is an unready engine, not a crash
+                engines.append({"ready": False, "error": repr(exc), "tiers": {}})
+                continue
+            ready = all(t["ready"] for name, t in tiers.items() if name not in exclude)
+            engines.append({"ready": ready, "tiers": tiers})
+        ready = bool(engines) and all(e["ready"] for e in engines)
+        doc: dict[str, Any] = {"ready": ready, "engines": engines}
+        if not engines:
+            doc["reason"] = "no open engine uses this meter provider"
+        if exclude:
+            doc["excluded"] = sorted(exclude)
+        return ready, doc
+
+
 class _ServingMeterProvider(SDKMeterProvider):
-    """A MeterProvider that also stops the HTTP server it was created with on shutdown."""
+    """A MeterProvider that also stops the HTTP server it was created with on shutdown, and
+    knows the engines that use it (for ``/readyz``)."""
 
     _server: Any = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.health_checks = HealthChecks()
 
     def shutdown(self, timeout_millis: float = 30_000) -> None:
         server, self._server = self._server, None
@@ -119,19 +209,80 @@ class _ServingMeterProvider(SDKMeterProvider):
         super().shutdown(timeout_millis=timeout_millis)
 
 
-def start_prometheus_server(port: int = 9464, host: str = "127.0.0.1") -> SDKMeterProvider:
-    """Serve ``/metrics`` on ``host:port`` from a private registry; return the provider to use.
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # probes every few seconds: no log
+        pass
 
-    Pass the result as ``TieringEngine(..., meter_provider=...)``. ``provider.shutdown()`` stops
-    the server. The default host is loopback only: expose it wider on purpose, not by accident.
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a slow client never holds the process up at exit
+
+
+def _json(
+    start_response: StartResponse, status: str, doc: Mapping[str, Any]
+) -> list[bytes]:
+    body = json.dumps(doc, indent=1).encode()
+    start_response(status, [("Content-Type", "application/json"),
+                            ("Content-Length", str(len(body))), ("Cache-Control", "no-store")])
+    return [body]  # fmt: skip
+
+
+def _probe_app(metrics_app: WSGIApplication, checks: HealthChecks) -> WSGIApplication:
+    """``/healthz`` and ``/readyz``; every other path is the Prometheus exposition."""
+
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO") or "/"
+        if path == "/healthz":  # the process is up and serving HTTP: nothing else is asked
+            return _json(start_response, "200 OK", {"status": "ok"})
+        if path == "/readyz":
+            query = parse_qs(environ.get("QUERY_STRING") or "")
+            exclude = frozenset(n for v in query.get("exclude", ()) for n in v.split(",") if n)
+            ready, doc = checks.report(exclude)
+            return _json(start_response, "200 OK" if ready else "503 Service Unavailable", doc)
+        return metrics_app(environ, start_response)
+
+    return app
+
+
+def start_prometheus_server(
+    port: int = 9464,
+    host: str = "127.0.0.1",
+    *,
+    metric_readers: Sequence[MetricReader] = (),
+) -> SDKMeterProvider:
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port``; return the provider.
+
+    Pass the result as ``TieringEngine(..., meter_provider=...)``: that engine then reports its
+    tiers on ``/readyz`` until it closes. ``/healthz`` answers 200 while the process serves
+    HTTP; ``/readyz`` answers 200 when every tier of every open engine using this provider is
+    open and neither its engine circuit nor its own is open, else 503 (also before an engine
+    opens and after it closes); its JSON body gives each tier's state.
+    ``/readyz?exclude=redis,object`` leaves tiers out of the verdict (still reported), for a
+    probe that should not fail a whole fleet when a shared server is down.
+
+    ``metric_readers`` are added to the provider next to the Prometheus reader (the demo adds
+    an in-memory one for its summary). ``provider.shutdown()`` stops the server. The default
+    host is loopback only: expose it wider on purpose, not by accident.
     """
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry, make_wsgi_app
 
     registry = CollectorRegistry()
     reader = PrometheusMetricReader(registry=registry)
-    provider = _ServingMeterProvider(metric_readers=[reader])
-    server, _thread = start_http_server(port, addr=host, registry=registry)
+    provider = _ServingMeterProvider(metric_readers=[reader, *metric_readers])
+
+    class Server(_ThreadingServer):
+        pass
+
+    info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    Server.address_family, addr = info[0][0], str(info[0][4][0])
+    app = _probe_app(make_wsgi_app(registry), provider.health_checks)
+    try:
+        server = make_server(addr, port, app, Server, handler_class=_QuietHandler)
+    except BaseException:
+        provider.shutdown()
+        raise
+    threading.Thread(target=server.serve_forever, name="aiotier-http", daemon=True).start()
     provider._server = server
     return provider
 

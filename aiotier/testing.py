@@ -169,6 +169,10 @@ class FaultyTier(SecondaryTier):
         self.inner.configure_evictions(hand_over=hand_over)
 
     @property
+    def available(self) -> bool | None:
+        return self.inner.available
+
+    @property
     def persistent(self) -> bool:  # type: ignore[override]
         return self.inner.persistent
 

@@ -84,6 +84,10 @@ METRICS: tuple[MetricDef, ...] = (
               "Prefetches by what was ready at their deadline: complete, partial or none."),
     MetricDef("tier_usage", "aiotier.tier_usage", "aiotier_tier_usage_bytes", _G, "By",
               ("tier",), "Bytes held by each tier, read when metrics are collected."),
+    MetricDef("tier_breaker_state", "aiotier.tier_breaker_state", "aiotier_tier_breaker_state",
+              _G, "1", ("tier",),
+              "The engine's circuit breaker for each secondary tier: 0 closed, 1 half-open (a "
+              "probe call is on its way), 2 open (calls are skipped)."),
 )  # fmt: skip
 
 _BY_KEY = {m.key: m for m in METRICS}

@@ -14,6 +14,7 @@ from functools import partial
 from .._core.engine_core import EngineCore
 from .._types import LookupResult
 from ..tiers.base import SecondaryTier
+from .breakers import Breakers, answered
 from .reads import TierReads
 from .threads import Guard
 
@@ -31,6 +32,7 @@ class CacheCalls:
         tiers: Sequence[SecondaryTier],
         reads: TierReads,
         guard: Guard,
+        breakers: Breakers,
         *,
         wait: Callable[[Sequence[bytes], float | None], Awaitable[list[LookupResult]]],
         promotion_timeout: float,
@@ -40,6 +42,7 @@ class CacheCalls:
         self._tiers = tuple(tiers)
         self._reads = reads
         self._guard = guard
+        self._breakers = breakers
         self._wait = wait  # the engine's public wait: get is observed like any other caller
         self._promotion_timeout = promotion_timeout
         self._io_timeout = io_timeout
@@ -128,10 +131,8 @@ class CacheCalls:
                     if not coherence.may_read(tj, k):
                         continue
             tier = self._tiers[tj]
-            try:
-                async with asyncio.timeout(self._promotion_timeout):
-                    n = await tier.read_into(k, memoryview(buf))
-            except Exception:
+            n = await self._read_one(tj, k, buf)
+            if n is None:
                 with lock:
                     core.stats.count("tier_errors", tier.name, "read")
                 return None
@@ -141,6 +142,23 @@ class CacheCalls:
                 return bytes(buf[:n])
         with lock:
             return coherence.demoting.get(k)
+
+    async def _read_one(self, ti: int, k: bytes, buf: bytearray) -> int | None:
+        """One read through tier ``ti``'s circuit breaker; None on a fault or an open circuit."""
+        breakers = self._breakers
+        if not breakers.allow(ti):
+            return None
+        ok: bool | None = None
+        try:
+            async with asyncio.timeout(self._promotion_timeout):
+                n = await self._tiers[ti].read_into(k, memoryview(buf))
+            ok = True
+            return n
+        except Exception as exc:
+            ok = answered([exc])
+            return None
+        finally:
+            breakers.record(ti, ok)
 
     async def delete(self, k: bytes) -> bool:
         """Remove the block from every tier; True if any tier had it."""

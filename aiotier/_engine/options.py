@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from .._core.admission import AdmissionPolicy
+from .._core.breaker import BreakerPolicy
 from .._validate import check_int, check_positive
 from ..errors import ConfigError
 from ..tiers.base import SecondaryTier
@@ -35,6 +36,7 @@ class EngineOptions:
     immutable_keys: bool
     admission: dict[str, AdmissionPolicy]
     max_promotion_share: float
+    breaker: BreakerPolicy | None
 
 
 def engine_options(
@@ -53,6 +55,7 @@ def engine_options(
     immutable_keys: bool,
     admission: Mapping[str, AdmissionPolicy] | None,
     max_promotion_share: float,
+    breaker: BreakerPolicy | None,
 ) -> EngineOptions:
     if not isinstance(primary, PrimaryTier):
         raise TypeError(f"primary must be a PrimaryTier, got {type(primary).__name__}")
@@ -85,6 +88,8 @@ def engine_options(
     check_positive("max_promotion_share", max_promotion_share)
     if max_promotion_share > 1:
         raise ConfigError(f"max_promotion_share must be at most 1, got {max_promotion_share!r}")
+    if breaker is not None and not isinstance(breaker, BreakerPolicy):
+        raise TypeError(f"breaker must be a BreakerPolicy or None, got {breaker!r}")
     return EngineOptions(
         tiers=tiers,
         write_policy=write_policy,
@@ -99,6 +104,7 @@ def engine_options(
         immutable_keys=immutable_keys,
         admission=_check_admission(admission, names),
         max_promotion_share=float(max_promotion_share),
+        breaker=breaker,
     )
 
 

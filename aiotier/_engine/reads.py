@@ -20,6 +20,7 @@ from .._core.table import READY
 from .._types import LookupResult
 from ..errors import TieringError
 from ..tiers.base import SecondaryTier
+from .breakers import Breakers, answered
 from .threads import Guard
 
 __all__ = ["TierReads"]
@@ -36,9 +37,11 @@ class TierReads:
         tiers: Sequence[SecondaryTier],
         promotion_timeout: float,
         guard: Guard,
+        breakers: Breakers,
     ) -> None:
         self._core = core
         self._guard = guard
+        self._breakers = breakers
         self._tiers = tuple(tiers)
         self._timeout = promotion_timeout
         #: promotion tasks not finished yet
@@ -80,23 +83,30 @@ class TierReads:
         self._queued.clear()  # reads that never started: the core counts them cancelled
 
     async def consult(self, scan: LookupScan) -> None:
-        """Ask each tier, in order, about the keys nobody above it had."""
+        """Ask each tier, in order, about the keys nobody above it had (a tier whose circuit
+        is open is not asked: its answer is a fault, as if it had failed)."""
         promotions, lock = self._core.promotions, self._guard.lock
         for ti, tier in enumerate(self._tiers):
             with lock:
                 keys = promotions.ask(scan, ti)
             if not keys:
                 continue
-            answers: list[LookupResult] | None
-            try:
-                async with asyncio.timeout(self._timeout):
-                    answers = await tier.lookup_many(keys)
-                if len(answers) != len(keys):
-                    raise TieringError(
-                        f"tier {tier.name!r} answered {len(answers)} lookups for {len(keys)} keys"
-                    )
-            except Exception:
-                answers = None
+            answers: list[LookupResult] | None = None
+            if self._breakers.allow(ti):
+                ok: bool | None = None
+                try:
+                    async with asyncio.timeout(self._timeout):
+                        answers = await tier.lookup_many(keys)
+                    if len(answers) != len(keys):
+                        raise TieringError(
+                            f"tier {tier.name!r} answered {len(answers)} lookups for "
+                            f"{len(keys)} keys"
+                        )
+                    ok = True
+                except Exception:
+                    answers, ok = None, False
+                finally:
+                    self._breakers.record(ti, ok)
             with lock:
                 promotions.answered(scan, ti, answers)
 
@@ -121,6 +131,10 @@ class TierReads:
         once, and the slots of keys it failed stay pinned until the read has really stopped.
         """
         batches = self._queued.pop(ti)
+        if not self._breakers.allow(ti):  # the circuit is open: the read fails unattempted
+            with self._guard.lock:
+                self._core.promotions.completed(batches, Outcome.ERROR)
+            return
         tier = self._tiers[ti]
         keys = [k for b in batches for k in b.keys] if len(batches) > 1 else batches[0].keys
         slots = [s for b in batches for s in b.slots] if len(batches) > 1 else batches[0].slots
@@ -129,6 +143,7 @@ class TierReads:
         read.add_done_callback(_consume)
         outcome = Outcome.OK
         lengths: list[int | Exception] = []
+        ok: bool | None = False
         try:
             done, _ = await asyncio.wait({read}, timeout=self._timeout)
             if not done:
@@ -137,10 +152,12 @@ class TierReads:
                 outcome = Outcome.ERROR
             else:
                 lengths = read.result()
+                ok = answered(lengths)
         except asyncio.CancelledError:
-            outcome = Outcome.CANCELLED
+            outcome, ok = Outcome.CANCELLED, None
             raise
         finally:
+            self._breakers.record(ti, ok)
             if not read.done():
                 read.cancel()
             with self._guard.lock:

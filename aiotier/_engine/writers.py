@@ -8,13 +8,15 @@ outcome back. ``drain`` awaits the moment every queue is empty and nothing is be
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import TypeVar, cast
 
 from .._core.engine_core import EngineCore
 from .._core.writeback import OpKind, WriteOp
 from ..errors import TieringError
 from ..tiers.base import SecondaryTier
+from .breakers import Breakers, answered
 from .threads import Guard
 
 __all__ = ["Writers", "bounded_call"]
@@ -22,17 +24,32 @@ __all__ = ["Writers", "bounded_call"]
 _T = TypeVar("_T")
 
 
-async def bounded_call(tier: SecondaryTier, call: Awaitable[list[_T]], n: int, timeout: float
-                       ) -> list[_T]:  # fmt: skip
-    """One batched tier call within ``timeout``; a fault becomes ``n`` per-key errors."""
+async def bounded_call(
+    tier: SecondaryTier,
+    call: Callable[[], Awaitable[list[_T]]],
+    n: int,
+    timeout: float,
+    breakers: Breakers,
+    ti: int,
+    op: str,
+) -> list[_T]:
+    """One batched tier call within ``timeout``, through the tier's circuit breaker; a fault,
+    or a call the open circuit refused, becomes ``n`` per-key errors."""
+    if not breakers.allow(ti):
+        return [cast(_T, breakers.refused(ti, op))] * n
+    ok: bool | None = None
     try:
         async with asyncio.timeout(timeout):
-            answers = await call
+            answers = await call()
         if len(answers) != n:
             raise TieringError(f"tier {tier.name!r} answered {len(answers)} of {n}")
+        ok = answered(answers)
         return answers
     except Exception as exc:
+        ok = False
         return [cast(_T, exc)] * n
+    finally:
+        breakers.record(ti, ok)
 
 
 class Writers:
@@ -45,9 +62,11 @@ class Writers:
         hand_over: Sequence[bool],
         io_timeout: float,
         guard: Guard,
+        breakers: Breakers,
     ) -> None:
         self._core = core
         self._guard = guard
+        self._breakers = breakers
         self._tiers = tuple(tiers)
         self._hand_over = tuple(hand_over)
         self._io_timeout = io_timeout
@@ -127,7 +146,10 @@ class Writers:
     async def _write(self, ti: int, batch: list[WriteOp]) -> None:
         tier = self._tiers[ti]
         items = [(op.key, op.data or b"") for op in batch]
-        errors = await bounded_call(tier, tier.write_many(items), len(items), self._io_timeout)
+        errors = await bounded_call(
+            tier, partial(tier.write_many, items), len(items), self._io_timeout,
+            self._breakers, ti, "write",
+        )  # fmt: skip
         if self._hand_over[ti]:
             handed, gone = tier.take_evicted(), []
         else:
@@ -138,6 +160,9 @@ class Writers:
     async def _remove(self, ti: int, batch: list[WriteOp]) -> None:
         tier = self._tiers[ti]
         keys = [op.key for op in batch]
-        answers = await bounded_call(tier, tier.remove_many(keys), len(keys), self._io_timeout)
+        answers = await bounded_call(
+            tier, partial(tier.remove_many, keys), len(keys), self._io_timeout,
+            self._breakers, ti, "remove",
+        )  # fmt: skip
         with self._guard.lock:
             self._core.writes.removes_applied(ti, batch, answers)

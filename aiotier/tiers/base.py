@@ -62,6 +62,17 @@ class SecondaryTier(ABC):
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r}>"
 
+    @property
+    def available(self) -> bool | None:
+        """Whether the tier can serve now, when it knows; ``None`` when it cannot tell.
+
+        A tier that watches its own backend says False while it knows calls would fail (the
+        Redis and object store tiers while their own circuit is open and they probe the
+        server). ``engine.health()`` and ``/readyz`` read it; the engine never calls it on a
+        hot path, so it must be cheap and do no I/O.
+        """
+        return None
+
     def configure_evictions(self, *, hand_over: bool) -> None:
         """Called by the engine when it opens: what it wants to know of this tier's evictions.
 

@@ -76,6 +76,10 @@ async def test_prometheus_scrape_shows_the_spec_names() -> None:
         if s.labels.get("tier") == "memory" and s.labels.get("result") == "hit"
     ]
     assert hits == [1.0]
+    breakers = {
+        s.labels["tier"]: s.value for s in families["aiotier_tier_breaker_state"].samples
+    }
+    assert breakers == {"memory": 0.0, "broken": 0.0}  # one failed lookup: still closed
     with pytest.raises(urllib.error.URLError):  # the server stopped with its provider
         await asyncio.to_thread(
             urllib.request.urlopen, f"http://127.0.0.1:{port}/metrics", timeout=2
