@@ -82,6 +82,10 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("prefetches", "aiotier.prefetches", "aiotier_prefetches_total", _C, "1",
               ("outcome",),
               "Prefetches by what was ready at their deadline: complete, partial or none."),
+    MetricDef("demotions_dropped", "aiotier.demotions_dropped",
+              "aiotier_demotions_dropped_total", _C, "1", ("tier", "reason"),
+              "Demotions not written to a tier, shed by design rather than failed: reason "
+              "backlog = the pending-write bound (max_pending_write_bytes) was reached."),
     MetricDef("tier_usage", "aiotier.tier_usage", "aiotier_tier_usage_bytes", _G, "By",
               ("tier",), "Bytes held by each tier, read when metrics are collected."),
     MetricDef("tier_breaker_state", "aiotier.tier_breaker_state", "aiotier_tier_breaker_state",

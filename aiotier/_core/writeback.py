@@ -7,7 +7,8 @@ then :meth:`WriteQueues.finished`. Order per tier is what keeps tiers coherent: 
 after a write of the same key is applied after it.
 
 The bytes of demotions wait here in memory; past ``max_bytes`` of them a new demotion is dropped
-(and counted) rather than queued, so a slow tier cannot grow the queue without bound. A write
+(counted as ``demotions_dropped{reason="backlog"}``: shed load, not a tier error) rather than
+queued, so a slow tier cannot grow the queue without bound. A write
 that the tier's admission policy keeps out is not queued either (and counted).
 """
 
@@ -128,7 +129,8 @@ class WriteQueues:
             assert op.data is not None
             size = len(op.data)
             if op.demotion and self.queued_bytes + size > self.max_bytes:
-                self._stats.count("tier_errors", self._names[ti], "write")
+                # load shed by design, not a fault of the tier: its own metric, not tier_errors
+                self._stats.count("demotions_dropped", self._names[ti], "backlog")
                 coherence.outcome(ti, op.key, ok=False)
                 return False
             self.queued_bytes += size

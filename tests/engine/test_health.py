@@ -253,3 +253,26 @@ async def test_health_follows_the_engine_and_the_tiers_own_word() -> None:
             "failures": 0, "open_for_seconds": 0.0,
         }  # fmt: skip
     assert not any(h.ready for h in engine.health().values())
+
+
+async def test_demotions_past_the_backlog_are_counted_as_dropped_not_as_tier_errors(
+    metrics: tuple[MeterProvider, MetricsProbe],
+) -> None:
+    provider, probe = metrics
+    tier = FaultyTier(MemoryTier(1 << 20)).hang("write")
+    async with TieringEngine(
+        PrimaryTier(1, 64), [tier], max_pending_write_bytes=64, meter_provider=provider
+    ) as engine:
+        assert await engine.put("a", block(1))
+        assert await engine.put("b", block(2))  # evicts a: its write-back hangs, filling the bound
+        await eventually(lambda: tier.calls["write"] == 1)
+        assert await engine.put("c", block(3))  # evicts b: over the bound, shed
+        assert await engine.put("d", block(4))  # evicts c: shed
+        tier.heal()
+        await engine.flush()
+        engine.end_step()
+        assert probe.value("aiotier_demotions_dropped_total", tier="memory", reason="backlog") == 2
+        assert probe.value("aiotier_tier_errors_total") == 0
+        assert engine.health()["memory"].ready  # shedding is not a fault
+        assert await engine.get("a") == block(1)
+        assert await engine.get("b") is None

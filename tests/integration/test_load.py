@@ -205,7 +205,7 @@ async def test_thousands_of_concurrent_requests_stay_bounded(tmp_path: Path) -> 
         f"  promotions ok {total('promotions', 'ssd', 'ok')}, "
         f"evictions {total('evictions')}, "
         f"demotions dropped (write backlog over {MAX_PENDING_WRITES >> 20} MiB) "
-        f"{total('tier_errors', 'ssd', 'write')}, tier errors {total('tier_errors')}, "
+        f"{total('demotions_dropped', 'ssd', 'backlog')}, tier errors {total('tier_errors')}, "
         f"allocation failures {total('allocation_failures')}\n"
         f"  RSS: baseline {baseline_rss / 2**20:.0f} MiB, peak {figures.peak_rss / 2**20:.0f} MiB "
         f"(+{growth / 2**20:.0f} MiB, bound +{bound / 2**20:.0f} MiB), "

@@ -48,8 +48,13 @@ async def test_prometheus_scrape_shows_the_spec_names() -> None:
     port = free_port()
     provider = start_prometheus_server(port=port)
     try:
-        async with TieringEngine(PrimaryTier(2, 8), await tiers(), meter_provider=provider) as e:
+        async with TieringEngine(
+            PrimaryTier(2, 8), await tiers(), meter_provider=provider, max_pending_write_bytes=1
+        ) as e:
             await drive(e)
+            for k in ("w", "x", "y", "z"):  # evictions past the 1-byte backlog bound are shed
+                assert await e.put(k, b"v")
+            e.end_step()
             body = await asyncio.to_thread(
                 lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10)
                 .read()
@@ -76,6 +81,13 @@ async def test_prometheus_scrape_shows_the_spec_names() -> None:
         if s.labels.get("tier") == "memory" and s.labels.get("result") == "hit"
     ]
     assert hits == [1.0]
+    dropped = {
+        (s.labels["tier"], s.labels["reason"]): s.value
+        for s in families["aiotier_demotions_dropped"].samples
+        if s.name == "aiotier_demotions_dropped_total"
+    }
+    assert set(dropped) == {("memory", "backlog")}  # exact counts: tests/engine/test_health.py
+    assert dropped["memory", "backlog"] >= 1
     breakers = {
         s.labels["tier"]: s.value for s in families["aiotier_tier_breaker_state"].samples
     }
