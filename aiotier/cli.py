@@ -4,65 +4,166 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
+import signal
 import sys
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
-__all__ = ["main"]
+__all__ = ["main", "print_summary"]
+
+_T = TypeVar("_T")
 
 
 def _demo(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-    from rich.table import Table
 
     from .config import load_demo_config
-    from .demo import run_demo
 
     cfg = load_demo_config(args)
     console = Console()
     if cfg.metrics_port is not None:
-        console.print(f"serving /metrics on http://127.0.0.1:{cfg.metrics_port}/metrics")
-    with Progress(
-        "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), console=console, transient=True,
-    ) as bar:  # fmt: skip
-        task = bar.add_task("simulating scheduler steps", total=cfg.steps)
+        base = f"http://127.0.0.1:{cfg.metrics_port}"
+        console.print(f"serving {base}/metrics, {base}/healthz and {base}/readyz")
+    if cfg.forever:
+        console.print(f"steady load of {cfg.rate:g} requests/s until Ctrl-C")
+    try:
+        result = _run(_demo_with_progress(cfg, console), args.loop)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: tiers closed, temporary files removed[/]")
+        return 130
+    print_summary(console, result)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"steps": result.steps, "seconds": result.seconds, "ended": result.ended,
+                       **result.summary}, f, indent=2)  # fmt: skip
+    return 0
+
+
+def _run(coro: Coroutine[Any, Any, _T], loop: str) -> _T:
+    """Run ``coro`` on the chosen event loop (``uvloop`` needs the ``uvloop`` extra)."""
+    factory = None
+    if loop == "uvloop":
         try:
-            result = asyncio.run(run_demo(cfg, lambda n: bar.update(task, completed=n)))
-        except KeyboardInterrupt:
-            console.print("[yellow]interrupted: tiers closed, temporary files removed[/]")
-            return 130
+            import uvloop
+        except ImportError:
+            coro.close()
+            raise SystemExit(
+                "aiotier: --loop uvloop needs uvloop: pip install 'aiotier[uvloop]'"
+            ) from None
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)
+
+
+async def _demo_with_progress(cfg: Any, console: Any) -> Any:
+    """The demo with a progress display; the first Ctrl-C ends it after the current step (the
+    summary follows), a second one interrupts at once."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from .demo import DemoResult, run_demo
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_sigint() -> None:
+        loop.remove_signal_handler(signal.SIGINT)  # the next Ctrl-C interrupts at once
+        stop.set()
+
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        loop.add_signal_handler(signal.SIGINT, on_sigint)  # main thread of a Unix process only
+    if cfg.forever:
+        columns: tuple[Any, ...] = ("[progress.description]{task.description}",
+                                    TimeElapsedColumn())  # fmt: skip
+        total = None
+        what = "steady load (Ctrl-C stops)"
+    elif cfg.duration is not None:
+        columns = ("[progress.description]{task.description}", BarColumn(), TimeElapsedColumn())
+        total, what = cfg.duration, f"steady load for {cfg.duration:g}s"
+    else:
+        columns = ("[progress.description]{task.description}", BarColumn(),
+                   MofNCompleteColumn(), TimeElapsedColumn())  # fmt: skip
+        total, what = cfg.steps, "scheduler steps"
+
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(what, total=total)
+
+        def progress(r: DemoResult) -> None:
+            done = r.steps if cfg.duration is None and not cfg.forever else r.seconds
+            desc = f"{what}: {r.requests_done} requests done" if total is None else what
+            bar.update(task, completed=done, description=desc)
+
+        try:
+            return await run_demo(cfg, progress, stop=stop)
+        finally:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(signal.SIGINT)
+
+
+def _count(n: float) -> str:
+    """A count in at most 6 characters: exact below a million, then k/M/G."""
+    if n < 1_000_000:
+        return str(int(n))
+    for div, unit in ((1e9, "G"), (1e6, "M")):
+        if n >= div:
+            return f"{n / div:.1f}{unit}" if n / div < 1000 else f"{n / div:.0f}{unit}"
+    return str(int(n))  # pragma: no cover
+
+
+def _mib(v: float) -> str:
+    """MiB in at most 6 characters (GiB and TiB past that)."""
+    for div, unit in ((1 << 20, "T"), (1 << 10, "G")):
+        if v >= div:
+            return f"{v / div:.1f}{unit}"
+    return f"{v:.1f}"
+
+
+def print_summary(console: Any, result: Any) -> None:
+    """The demo's summary, every column readable whole in an 80-column terminal."""
+    from rich import box
+    from rich.table import Table
+
     s = result.summary
-    table = Table(title=f"aiotier demo: {result.steps} steps, {result.requests_done} requests "
-                        f"finished in {result.seconds:.1f}s")  # fmt: skip
-    for col in ("tier", "lookups", "hit rate", "promoted", "evicted", "read MiB",
-                "written MiB", "errors"):  # fmt: skip
+    ended = {"steps": "", "duration": "", "stopped": ", stopped by Ctrl-C"}[result.ended]
+    table = Table(
+        title=f"aiotier demo: {result.steps} steps, {result.requests_done} requests "
+              f"finished in {result.seconds:.1f}s{ended}",
+        box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+    )  # fmt: skip
+    # MiB columns switch to G/T past 1024; counts to k/M/G past a million
+    table.add_column("tier", overflow="fold")  # a long tier name wraps, never cut
+    for col in ("lookups", "hit\nrate", "promoted", "evicted", "read\nMiB", "written\nMiB",
+                "errors", "dropped"):  # fmt: skip
         table.add_column(col, justify="right", no_wrap=True)
     for name, t in s["tiers"].items():
         rate = "-" if t["hit_rate"] is None else f"{t['hit_rate']:.1%}"
         table.add_row(
-            name, str(t["lookups"]), rate, str(t["promotions"]), str(t["evictions"]),
-            f"{t['read_mib']:.1f}", f"{t['written_mib']:.1f}", str(t["errors"]),
+            name, _count(t["lookups"]), rate, _count(t["promotions"]), _count(t["evictions"]),
+            _mib(t["read_mib"]), _mib(t["written_mib"]), _count(t["errors"]),
+            _count(t.get("dropped", 0)),
         )  # fmt: skip
     console.print(table)
-    delays = Table(title="lookup delays per request (ms, bucket-interpolated)")
+    if any(t.get("dropped") for t in s["tiers"].values()):
+        console.print(
+            "dropped: demotions shed because the write-back backlog (max_pending_write_bytes) "
+            "was full: the tiers below did not keep up with the blocks each step evicts (a slow "
+            "or busy disk). Load shedding, not errors: aiotier_demotions_dropped_total."
+        )
+    delays = Table(title="lookup delays per request, ms",
+                   box=box.SIMPLE_HEAD, pad_edge=False)  # fmt: skip
     for col in ("delay", "count", "p50", "p90", "p99"):
         delays.add_column(col, justify="right", no_wrap=True)
     for label, d in s["delays_ms"].items():
         cells = ["-" if d[p] is None else f"{d[p]:.3f}" for p in ("p50", "p90", "p99")]
-        delays.add_row(label, str(d["count"]), *cells)
+        delays.add_row(label, _count(d["count"]), *cells)
     console.print(delays)
     console.print(
         f"blocks loaded {result.blocks_loaded}, stored {result.blocks_stored}, "
         f"{s['blocks_per_second']:.0f} blocks/s, allocation failures {s['allocation_failures']}"
     )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"steps": result.steps, "seconds": result.seconds, **s}, f, indent=2)
-    return 0
 
 
 # extra figures worth a line of their own under a case in the printed summary
@@ -215,8 +316,20 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="simulate an inference scheduler over the default tiers")
-    demo.add_argument("--steps", type=int)
-    demo.add_argument("--requests", type=int)
+    demo.add_argument("--steps", type=int, help="steps of the quick tour (default 200)")
+    demo.add_argument("--requests", type=int, help="requests spread over the steps (1200)")
+    demo.add_argument(
+        "--duration", type=float, metavar="SECONDS",
+        help="run a steady load for this long instead of a number of steps",
+    )  # fmt: skip
+    demo.add_argument(
+        "--rate", type=float, metavar="N",
+        help="requests per second of the steady load (default 100)",
+    )  # fmt: skip
+    demo.add_argument(
+        "--loop", choices=("asyncio", "uvloop"), default="asyncio",
+        help="the event loop to run on (uvloop: pip install 'aiotier[uvloop]')",
+    )  # fmt: skip
     demo.add_argument("--primary-mib", type=int)
     demo.add_argument("--ssd-dir")
     demo.add_argument("--redis", dest="redis_url", metavar="URL")
@@ -224,7 +337,11 @@ def main(argv: list[str] | None = None) -> int:
         "--s3", dest="s3_url", metavar="URL",
         help="add an object store tier: s3://BUCKET/PREFIX/ or http://HOST:PORT/BUCKET/PREFIX/",
     )  # fmt: skip
-    demo.add_argument("--metrics-port", type=int)
+    demo.add_argument(
+        "--metrics-port", type=int, metavar="PORT",
+        help="serve /metrics, /healthz and /readyz on 127.0.0.1:PORT; without --steps, "
+        "--requests or --duration the demo then runs a steady load until Ctrl-C",
+    )  # fmt: skip
     demo.add_argument("--json", metavar="FILE")
     demo.add_argument("--config", metavar="FILE", help="a TOML file with a [demo] table")
     demo.set_defaults(fn=_demo)

@@ -234,13 +234,25 @@ def load_demo_config(args: argparse.Namespace) -> Any:
             if key not in known:
                 raise ConfigError(f"demo.{key}: unknown field; expected one of {sorted(known)}")
             setattr(cfg, key, value)
+    given = set()
     for key in (
         "steps", "requests", "primary_mib", "ssd_dir", "redis_url", "s3_url", "metrics_port",
+        "duration", "rate",
     ):  # fmt: skip
         value = getattr(args, key, None)
         if value is not None:
             setattr(cfg, key, value)
-    for key in ("steps", "requests", "primary_mib"):
+            given.add(key)
+    for key in ("steps", "requests", "primary_mib", "rate"):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"demo.{key}: must be > 0, got {getattr(cfg, key)}")
+    if cfg.duration is not None and not cfg.duration > 0:
+        raise ConfigError(f"demo.duration: must be > 0 seconds, got {cfg.duration}")
+    if cfg.duration is not None and given & {"steps", "requests"}:
+        raise ConfigError(
+            "demo.duration: give either --duration (with --rate) or --steps/--requests"
+        )
+    # serving metrics with nothing to bound the run: a steady load to scrape, until Ctrl-C
+    if "metrics_port" in given and cfg.duration is None and not given & {"steps", "requests"}:
+        cfg.forever = True
     return cfg

@@ -3,6 +3,10 @@
 Requests share prompt prefixes drawn from a Zipf distribution; each step the scheduler asks
 ``lookup_prefix`` for the waiting requests, admits those whose prefix is settled, loads the
 hits, stores the blocks it "computed", and calls ``end_step`` — the vLLM-style protocol.
+
+Two ways to run: ``steps`` steps over which ``requests`` arrive (the default: a quick tour), or a
+steady ``rate`` of requests per second for ``duration`` seconds, or until ``stop`` is set (the
+command line sets it on Ctrl-C) — the shape to scrape while Prometheus and Grafana watch.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,9 +37,20 @@ __all__ = ["DemoConfig", "run_demo"]
 class DemoConfig:
     steps: int = 200
     requests: int = 1200
+    #: Seconds of steady load at ``rate`` (instead of ``steps``); None with ``forever`` unset:
+    #: the step-based run.
+    duration: float | None = None
+    #: Requests per second in a timed or open-ended run.
+    rate: float = 100.0
+    #: Run at ``rate`` until stopped (Ctrl-C).
+    forever: bool = False
     block_size: int = 32 * 1024
-    primary_mib: int = 8
-    memory_mib: int = 16
+    # Sized so that the default run sheds no demotion and refuses no allocation, also on a busy
+    # two-core machine: the primary holds what a step pins (max_running requests of up to
+    # blocks_per_prompt blocks) with room to spare, and the memory tier takes enough of the
+    # evictions that the SSD's writes stay well within the write-back backlog (64 MiB).
+    primary_mib: int = 24
+    memory_mib: int = 32
     ssd_mib: int = 512
     ssd_dir: str | None = None
     redis_url: str | None = None
@@ -53,9 +68,12 @@ class DemoConfig:
 class DemoResult:
     steps: int = 0
     seconds: float = 0.0
+    requests_issued: int = 0
     requests_done: int = 0
     blocks_loaded: int = 0
     blocks_stored: int = 0
+    #: Why the run ended: "steps", "duration" or "stopped".
+    ended: str = "steps"
     summary: dict[str, Any] = field(default_factory=dict)
 
 
@@ -123,88 +141,110 @@ async def _tiers(cfg: DemoConfig) -> AsyncIterator[list[SecondaryTier]]:
             await asyncio.to_thread(shutil.rmtree, tmp, True)
 
 
-async def run_demo(cfg: DemoConfig, progress: Any = None) -> DemoResult:
-    """Run the simulation; ``progress(step)`` is called after each step."""
+async def run_demo(
+    cfg: DemoConfig,
+    progress: Callable[[DemoResult], object] | None = None,
+    *,
+    stop: asyncio.Event | None = None,
+) -> DemoResult:
+    """Run the simulation; ``progress(result so far)`` is called after each step.
+
+    Setting ``stop`` ends the run after the current step: the engine closes, and the result and
+    its summary cover what ran.
+    """
     rng = random.Random(cfg.seed)
     cdf = _zipf_cdf(cfg.prompts, cfg.zipf_s)
     reader = InMemoryMetricReader()
-    readers: list[Any] = [reader]
-    server_provider = None
     if cfg.metrics_port is not None:
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader
-        from prometheus_client import CollectorRegistry, start_http_server
+        from .telemetry import start_prometheus_server
 
-        registry = CollectorRegistry()
-        readers.append(PrometheusMetricReader(registry=registry))
-        server_provider, _thread = start_http_server(
-            cfg.metrics_port, addr="127.0.0.1", registry=registry
-        )
-    provider = MeterProvider(metric_readers=readers)
+        # /metrics, and /healthz and /readyz for the demo's engine
+        provider = start_prometheus_server(cfg.metrics_port, metric_readers=[reader])
+    else:
+        provider = MeterProvider(metric_readers=[reader])
     num_blocks = max(1, (cfg.primary_mib << 20) // cfg.block_size)
     result = DemoResult()
     payload = bytes(range(256)) * (cfg.block_size // 256 + 1)
+    timed = cfg.forever or cfg.duration is not None
 
     def prompt_blocks(prompt: int, length: int) -> list[bytes]:
         # blocks are named by their prefix, as a KV cache names them by token-hash chains
         return [b"p%d/b%d" % (prompt, i) for i in range(length)]
 
+    def arrivals(step: int, elapsed: float) -> int:
+        """Requests due by now: spread over the steps, or at a steady rate."""
+        if timed:
+            return int(cfg.rate * elapsed) - result.requests_issued
+        return math.ceil(cfg.requests * (step + 1) / cfg.steps) - result.requests_issued
+
+    def over(step: int, elapsed: float) -> str | None:
+        if stop is not None and stop.is_set():
+            return "stopped"
+        if not timed:
+            return "steps" if step >= cfg.steps else None
+        if cfg.duration is not None and elapsed >= cfg.duration:
+            return "duration"
+        return None
+
     started = time.perf_counter()
-    async with _tiers(cfg) as tiers, TieringEngine(
-        PrimaryTier(num_blocks, cfg.block_size), tiers, meter_provider=provider
-    ) as engine:
-        waiting: list[tuple[str, list[bytes]]] = []
-        running: dict[str, int] = {}
-        issued = 0
-        for step in range(cfg.steps):
-            # new arrivals, spread over the run
-            due = math.ceil(cfg.requests * (step + 1) / cfg.steps) - issued
-            for _ in range(due):
-                prompt = min(bisect.bisect_left(cdf, rng.random()), cfg.prompts - 1)
-                length = rng.randint(cfg.blocks_per_prompt // 2, cfg.blocks_per_prompt)
-                waiting.append((f"req-{issued}", prompt_blocks(prompt, length)))
-                issued += 1
-            admitted: list[str] = []
-            still: list[tuple[str, list[bytes]]] = []
-            for rid, keys in waiting:
-                if len(running) + len(admitted) >= cfg.max_running:
-                    still.append((rid, keys))
-                    continue
-                req = RequestContext(rid)
-                hits = await engine.lookup_prefix(keys, req)
-                if hits is None:
-                    still.append((rid, keys))  # RETRY: promotions in flight, ask next step
-                    continue
-                if hits:
-                    engine.prepare_load(keys[:hits], req)
-                    engine.complete_load(keys[:hits], req)
-                    result.blocks_loaded += hits
-                out = engine.prepare_store(keys[hits:], req)
-                if out is not None:
-                    for buf in out.store_spec.buffers:
-                        buf[:] = payload[: cfg.block_size]
-                    engine.complete_store(list(out.keys_to_store), req)
-                    result.blocks_stored += len(out.keys_to_store)
-                admitted.append(rid)
-            waiting = still
-            for rid in admitted:
-                running[rid] = rng.randint(2, 8)  # decode steps left
-            finished = [rid for rid, left in running.items() if left <= 0]
-            for rid in finished:
-                del running[rid]
-            for rid in running:
-                running[rid] -= 1
-            engine.end_step(new_req_ids=admitted, finished_req_ids=finished)
-            result.requests_done += len(finished)
-            result.steps = step + 1
-            # the forward pass: the loop is free, promotions and write-backs progress meanwhile
-            await asyncio.sleep(cfg.forward_pass_ms / 1e3)
-            if progress is not None:
-                progress(step + 1)
-        result.seconds = time.perf_counter() - started
-        result.summary = _summary(engine, reader, result)
-    provider.shutdown()
-    if server_provider is not None:
-        server_provider.shutdown()
+    try:
+        async with _tiers(cfg) as tiers, TieringEngine(
+            PrimaryTier(num_blocks, cfg.block_size), tiers, meter_provider=provider
+        ) as engine:
+            waiting: list[tuple[str, list[bytes]]] = []
+            running: dict[str, int] = {}
+            step = 0
+            while (ended := over(step, time.perf_counter() - started)) is None:
+                for _ in range(arrivals(step, time.perf_counter() - started)):
+                    prompt = min(bisect.bisect_left(cdf, rng.random()), cfg.prompts - 1)
+                    length = rng.randint(cfg.blocks_per_prompt // 2, cfg.blocks_per_prompt)
+                    rid = f"req-{result.requests_issued}"
+                    waiting.append((rid, prompt_blocks(prompt, length)))
+                    result.requests_issued += 1
+                admitted: list[str] = []
+                still: list[tuple[str, list[bytes]]] = []
+                for rid, keys in waiting:
+                    if len(running) + len(admitted) >= cfg.max_running:
+                        still.append((rid, keys))
+                        continue
+                    req = RequestContext(rid)
+                    hits = await engine.lookup_prefix(keys, req)
+                    if hits is None:
+                        still.append((rid, keys))  # RETRY: promotions in flight, ask next step
+                        continue
+                    if hits:
+                        engine.prepare_load(keys[:hits], req)
+                        engine.complete_load(keys[:hits], req)
+                        result.blocks_loaded += hits
+                    out = engine.prepare_store(keys[hits:], req)
+                    if out is not None:
+                        for buf in out.store_spec.buffers:
+                            buf[:] = payload[: cfg.block_size]
+                        engine.complete_store(list(out.keys_to_store), req)
+                        result.blocks_stored += len(out.keys_to_store)
+                    admitted.append(rid)
+                waiting = still
+                for rid in admitted:
+                    running[rid] = rng.randint(2, 8)  # decode steps left
+                finished = [rid for rid, left in running.items() if left <= 0]
+                for rid in finished:
+                    del running[rid]
+                for rid in running:
+                    running[rid] -= 1
+                engine.end_step(new_req_ids=admitted, finished_req_ids=finished)
+                result.requests_done += len(finished)
+                step += 1
+                result.steps = step
+                # the forward pass: the loop is free, promotions and write-backs progress
+                await asyncio.sleep(cfg.forward_pass_ms / 1e3)
+                result.seconds = time.perf_counter() - started
+                if progress is not None:
+                    progress(result)
+            result.ended = ended
+            result.seconds = time.perf_counter() - started
+            result.summary = _summary(engine, reader, result)
+    finally:
+        provider.shutdown()
     return result
 
 
@@ -227,6 +267,7 @@ def _summary(
             "read_mib": probe.value("aiotier_read_bytes_total", tier=name) / 2**20,
             "written_mib": probe.value("aiotier_write_bytes_total", tier=name) / 2**20,
             "errors": int(probe.value("aiotier_tier_errors_total", tier=name)),
+            "dropped": int(probe.value("aiotier_demotions_dropped_total", tier=name)),
         }
     delays = (("sync", "aiotier.lookup_sync_delay"), ("async", "aiotier.lookup_async_delay"))
     for label, otel in delays:

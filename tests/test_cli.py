@@ -32,20 +32,32 @@ def test_demo_prints_a_summary_and_writes_json(tmp_path: Path) -> None:
     out = run("-m", "aiotier", "demo", "--steps", "30", "--requests", "120",
               "--ssd-dir", str(tmp_path / "ssd"), "--json", str(report))  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert "hit rate" in out.stdout and "primary" in out.stdout
+    assert "hit" in out.stdout and "dropped" in out.stdout and "primary" in out.stdout
     data = json.loads(report.read_text())
     assert set(data["tiers"]) == {"primary", "memory", "ssd"}
     assert data["tiers"]["primary"]["lookups"] > 0
+    assert data["ended"] == "steps"
+    assert all(t["errors"] == 0 for t in data["tiers"].values())
     # the SSD directory given on the command line is kept, and inspect reads it
     inspect = run("-m", "aiotier", "inspect", str(tmp_path / "ssd"), "--json")
     assert inspect.returncode == 0, inspect.stderr
     assert json.loads(inspect.stdout)["torn files"] == 0
 
 
-def test_demo_rejects_bad_options() -> None:
-    out = run("-m", "aiotier", "demo", "--steps", "0")
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (["--steps", "0"], "demo.steps"),
+        (["--duration", "0"], "demo.duration"),
+        (["--duration", "5", "--steps", "10"], "demo.duration"),
+        (["--rate", "-1"], "demo.rate"),
+    ],
+)
+def test_demo_rejects_bad_options(argv: list[str], field: str) -> None:
+    out = run("-m", "aiotier", "demo", *argv)
     assert out.returncode != 0
-    assert "demo.steps" in out.stderr
+    assert field in out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def test_bench_quick_writes_every_case(tmp_path: Path) -> None:
