@@ -1,15 +1,59 @@
-"""Fixtures shared by the whole suite."""
+"""Fixtures shared by the whole suite, and the event loop it runs on.
+
+``--loop uvloop`` (or ``AIOTIER_TEST_LOOP=uvloop``) runs every async test, and every loop a sync
+test starts with ``asyncio.run``, on uvloop; the default is asyncio's own loop. CI runs the
+suite both ways (``scripts/ci_matrix.sh``).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import http.server
+import os
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from blockbuster import blockbuster_ctx
 from redis_fixtures import *  # noqa: F403
 from seaweedfs_fixtures import *  # noqa: F403
+
+LOOPS = ("asyncio", "uvloop")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--loop", choices=LOOPS, default=os.environ.get("AIOTIER_TEST_LOOP") or "asyncio",
+        help="the event loop the tests run on (default: $AIOTIER_TEST_LOOP or asyncio)",
+    )  # fmt: skip
+
+
+class _UvloopFactories:
+    """pytest-asyncio's hook: every async test gets a uvloop loop."""
+
+    def pytest_asyncio_loop_factories(self, config: pytest.Config, item: pytest.Item) -> Any:
+        import uvloop
+
+        return {"uvloop": uvloop.new_event_loop}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--loop") != "uvloop":
+        return
+    try:
+        import uvloop
+    except ImportError:
+        raise pytest.UsageError(
+            "--loop uvloop: uvloop is not installed (pip install 'aiotier[uvloop]')"
+        ) from None
+    config.pluginmanager.register(_UvloopFactories(), "aiotier-uvloop-factories")
+    # sync tests that start a loop of their own (asyncio.run, asyncio.Runner) get uvloop too
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"event loop: {config.getoption('--loop')}"
 
 
 @pytest.fixture(autouse=True)

@@ -50,7 +50,7 @@ async def test_request_admitted_after_promotion(engine: TieringEngine, probe: Me
     engine.end_step(new_req_ids=["r1"])
     assert probe.count(SYNC) == 1
     assert probe.count(ASYNC) == 1
-    assert probe.sum(ASYNC) >= 0.02  # at least the tier's read delay
+    assert probe.sum(ASYNC) >= 0.02 - 0.002  # the tier's read delay (uvloop: +-1 ms ticks)
     assert 0 < probe.sum(SYNC) < probe.sum(ASYNC)
     engine.end_step(new_req_ids=["r1"])
     engine.end_step(finished_req_ids=["r1"])
