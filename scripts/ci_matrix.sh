@@ -16,27 +16,34 @@
 # skipped) and a loud warning elsewhere. Interpreters are looked for as pythonX.Y on PATH, then
 # in pyenv's versions ($PYENV_ROOT, default ~/.pyenv).
 #
+# CI_MATRIX_PYTHONS="3.12 3.13" runs fewer Pythons (tests/test_ci_matrix.py uses it).
+#
 # Exit status: 0 when every cell ran and passed; 1 otherwise. Extra arguments go to pytest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-PYTHONS=(3.11 3.12 3.13)
+read -r -a PYTHONS <<<"${CI_MATRIX_PYTHONS:-3.11 3.12 3.13}"
 LOOPS=(asyncio uvloop)
 FULL_CELLS=${CI_MATRIX_FULL:-"3.11/uvloop"}
 SUBSET=(tests/engine tests/tiers tests/integration tests/property tests/test_event_loop.py)
 
-find_python() {  # pythonX.Y on PATH, else the newest pyenv build of X.Y
-    local v=$1 exe
-    exe=$(command -v "python$v" 2>/dev/null) && { echo "$exe"; return 0; }
+is_version() {  # whether the interpreter $1 runs and is CPython $2
+    [ "$("$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" = "$2" ]
+}
+
+find_python() {  # pythonX.Y on PATH (a pyenv shim only if it runs), else pyenv's newest X.Y
+    local v=$1 exe dir
+    exe=$(command -v "python$v" 2>/dev/null) && is_version "$exe" "$v" && { echo "$exe"; return 0; }
     local root=${PYENV_ROOT:-$HOME/.pyenv}
-    for exe in $(ls -d "$root/versions/$v".* 2>/dev/null | sort -V -r); do
-        [ -x "$exe/bin/python$v" ] && { echo "$exe/bin/python$v"; return 0; }
+    for dir in $(ls -d "$root/versions/$v".* 2>/dev/null | sort -V -r); do
+        exe=$dir/bin/python$v
+        [ -x "$exe" ] && is_version "$exe" "$v" && { echo "$exe"; return 0; }
     done
     return 1
 }
 
 venv_version() {  # X.Y of a venv's python, or nothing
-    [ -x "$1/bin/python" ] && "$1/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])'
+    [ -x "$1/bin/python" ] && "$1/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null
 }
 
 # The cell scripts/test.sh ran (its .venv, asyncio) is not run again.
