@@ -9,6 +9,10 @@ The shape (TOML shown; a dict of the same shape works)::
     [engine.admission]          # per tier: "all" (the default), "after:N" or "tinylfu"
     ssd = "after:2"
 
+    [engine.breaker]            # the circuit breaker per tier (these are the defaults);
+    failure_threshold = 5       # breaker = false turns it off
+    cooldown = 1.0
+
     [primary]
     num_blocks = 512
     block_size = 65536
@@ -35,7 +39,8 @@ The shape (TOML shown; a dict of the same shape works)::
     endpoint_url = "http://127.0.0.1:8333"   # omit for AWS
 
 Every error names the field that was wrong, e.g. ``tiers[1].capacity_bytes``. In the
-environment, ``AIOTIER_ENGINE_ADMISSION="ssd=after:2,primary=tinylfu"`` gives the admission table.
+environment, ``AIOTIER_ENGINE_ADMISSION="ssd=after:2,primary=tinylfu"`` gives the admission table
+and ``AIOTIER_ENGINE_BREAKER="failure_threshold=3,cooldown=2"`` (or ``off``) the breaker.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._core.admission import AdmissionPolicy, parse_admission
+from ._core.breaker import BreakerPolicy
 from .engine import TieringEngine
 from .errors import ConfigError
 from .tiers.base import SecondaryTier
@@ -149,6 +155,27 @@ def _admission(where: str, spec: Any) -> dict[str, AdmissionPolicy]:
     return out
 
 
+def _breaker(where: str, spec: Any) -> BreakerPolicy | None:
+    """A ``BreakerPolicy`` from a table (or ``field=value,...``); ``false`` / ``off``: none."""
+    if isinstance(spec, str):
+        if spec.strip().lower() in ("off", "false", "no", "none", "0"):
+            return None
+        table: dict[str, str] = {}
+        for item in filter(None, (part.strip() for part in spec.split(","))):
+            field, sep, value = item.partition("=")
+            if not sep:
+                raise ConfigError(f"{where}: expected off or field=value items, got {item!r}")
+            table[field.strip()] = value.strip()
+        spec = table
+    if spec is False:
+        return None
+    fields = _fields(where, spec, {"failure_threshold": int, "cooldown": float})
+    try:
+        return BreakerPolicy(**fields)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
 def engine_from_config(config: Mapping[str, Any], **overrides: Any) -> TieringEngine:
     """An engine (not yet open) from a mapping shaped like the module docstring."""
     if not isinstance(config, Mapping):
@@ -164,13 +191,15 @@ def engine_from_config(config: Mapping[str, Any], **overrides: Any) -> TieringEn
     if not isinstance(tiers_spec, list):
         raise ConfigError("tiers: expected an array of tables")
     engine_table = config.get("engine", {})
-    admission = None
-    if isinstance(engine_table, Mapping) and "admission" in engine_table:
+    tables: dict[str, Any] = {}
+    if isinstance(engine_table, Mapping):
         engine_table = dict(engine_table)
-        admission = _admission("engine.admission", engine_table.pop("admission"))
+        if "admission" in engine_table:
+            tables["admission"] = _admission("engine.admission", engine_table.pop("admission"))
+        if "breaker" in engine_table:
+            tables["breaker"] = _breaker("engine.breaker", engine_table.pop("breaker"))
     engine_args = _fields("engine", engine_table, _ENGINE_FIELDS)
-    if admission is not None:
-        engine_args["admission"] = admission
+    engine_args.update(tables)
     engine_args.update(overrides)
     primary = PrimaryTier(**primary_args)
     tiers = [_tier(f"tiers[{i}]", spec) for i, spec in enumerate(tiers_spec)]

@@ -80,12 +80,35 @@ def test_environment_variables() -> None:
         ({**BASE, "engine": {"admission": {"primary": "often"}}}, "engine.admission.primary"),
         ({**BASE, "engine": {"admission": "primary"}}, "engine.admission"),
         ({**BASE, "engine": {"admission": {"ssd": "all"}}}, "'ssd'"),
+        ({**BASE, "engine": {"breaker": {"cooldown": 0}}},
+         "engine.breaker: BreakerPolicy.cooldown"),
+        ({**BASE, "engine": {"breaker": {"threshold": 2}}}, "engine.breaker.threshold"),
+        ({**BASE, "engine": {"breaker": "sometimes"}}, "engine.breaker"),
     ],
 )  # fmt: skip
 def test_errors_name_the_bad_field(config: dict[str, object], field: str) -> None:
     with pytest.raises(ConfigError) as info:
         engine_from_config(config)
     assert field in str(info.value)
+
+
+def test_the_circuit_breaker_is_configured_or_turned_off(tmp_path: Path) -> None:
+    path = tmp_path / "aiotier.toml"
+    path.write_text(
+        "[engine.breaker]\nfailure_threshold = 3\ncooldown = 2\n\n"
+        "[primary]\nnum_blocks = 4\nblock_size = 1024\n"
+    )
+    policy = engine_from_config(load_config(path)).breaker
+    assert policy is not None
+    assert (policy.failure_threshold, policy.cooldown) == (3, 2.0)
+    assert engine_from_config({**BASE, "engine": {"breaker": False}}).breaker is None
+    env = {"AIOTIER_PRIMARY_NUM_BLOCKS": "4", "AIOTIER_PRIMARY_BLOCK_SIZE": "512"}
+    assert engine_from_env({**env, "AIOTIER_ENGINE_BREAKER": "off"}).breaker is None
+    policy = engine_from_env({**env, "AIOTIER_ENGINE_BREAKER": "failure_threshold=2, cooldown=0.5"}
+                             ).breaker  # fmt: skip
+    assert policy is not None and (policy.failure_threshold, policy.cooldown) == (2, 0.5)
+    default = engine_from_config(BASE).breaker
+    assert default is not None and (default.failure_threshold, default.cooldown) == (5, 1.0)
 
 
 def test_bad_env_names_are_refused() -> None:
