@@ -18,6 +18,16 @@ async def eventually(cond: Callable[[], object], timeout: float = 10.0, what: st
         await asyncio.sleep(0.002)
 
 
+class FakeClock:
+    """An injected clock (seconds) that moves only when a test sets ``now``."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def aiotier_tasks(kind: str = "") -> list[asyncio.Task[object]]:
     """The engine's background tasks still running: promotions (``kind="promote"``), writers
     (``"writer"``), the step ticker (``"step"``), or all of them. Engines name their tasks

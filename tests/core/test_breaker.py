@@ -6,23 +6,16 @@ import ast
 import inspect
 
 import pytest
+from helpers import FakeClock
 
 from aiotier._core import breaker as breaker_module
 from aiotier._core.breaker import BreakerPolicy, CircuitBreaker, CircuitState, TierBreakers
 from aiotier.errors import ConfigError
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(100.0)
 
 
 def test_opens_on_the_threshold_th_consecutive_failure(clock: FakeClock) -> None:

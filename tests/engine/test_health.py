@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
-from helpers import block, eventually
+from helpers import FakeClock, block, eventually
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -25,14 +25,6 @@ from aiotier import (
 from aiotier.testing import FaultyTier, MetricsProbe
 
 HIT, MISS, RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class RemoteTier(SecondaryTier):
@@ -73,6 +65,18 @@ class RemoteTier(SecondaryTier):
         return TierUsage(len(self.data), sum(map(len, self.data.values())), None)
 
 
+def remote_engine(
+    provider: MeterProvider, *, num_blocks: int, threshold: int, cooldown: float
+) -> tuple[TieringEngine, RemoteTier, FakeClock]:
+    """An engine over one ``RemoteTier``, its breaker on a fake clock."""
+    clock, tier = FakeClock(), RemoteTier()
+    policy = BreakerPolicy(failure_threshold=threshold, cooldown=cooldown, clock=clock)
+    engine = TieringEngine(
+        PrimaryTier(num_blocks, 64), [tier], breaker=policy, meter_provider=provider
+    )
+    return engine, tier, clock
+
+
 @pytest.fixture
 def metrics() -> Iterator[tuple[MeterProvider, MetricsProbe]]:
     reader = InMemoryMetricReader()
@@ -85,12 +89,8 @@ async def test_a_failing_tier_is_skipped_once_its_circuit_opens_then_probed_afte
     metrics: tuple[MeterProvider, MetricsProbe],
 ) -> None:
     provider, probe = metrics
-    clock = FakeClock()
-    tier = RemoteTier()
-    policy = BreakerPolicy(failure_threshold=3, cooldown=10.0, clock=clock)
-    async with TieringEngine(
-        PrimaryTier(4, 64), [tier], breaker=policy, meter_provider=provider
-    ) as engine:
+    engine, tier, clock = remote_engine(provider, num_blocks=4, threshold=3, cooldown=10.0)
+    async with engine:
         assert engine.health()["remote"].ready
         tier.down = True
         for i in range(3):
@@ -133,12 +133,8 @@ async def test_writes_are_not_attempted_while_the_circuit_is_open(
     metrics: tuple[MeterProvider, MetricsProbe],
 ) -> None:
     provider, probe = metrics
-    clock = FakeClock()
-    tier = RemoteTier()
-    policy = BreakerPolicy(failure_threshold=2, cooldown=5.0, clock=clock)
-    async with TieringEngine(
-        PrimaryTier(1, 64), [tier], breaker=policy, meter_provider=provider
-    ) as engine:
+    engine, tier, clock = remote_engine(provider, num_blocks=1, threshold=2, cooldown=5.0)
+    async with engine:
         tier.down = True
         assert await engine.lookup("x") is MISS
         assert await engine.lookup("y") is MISS  # the circuit opens

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from helpers import FakeClock
 from opentelemetry.sdk.metrics import MeterProvider
 
 from aiotier import BreakerPolicy, MemoryTier, PrimaryTier, TieringEngine
@@ -49,13 +50,6 @@ def served() -> Iterator[tuple[int, MeterProvider]]:
     provider.shutdown()
 
 
-class FakeClock:
-    now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def test_healthz_and_readyz_follow_the_engine_and_its_tiers(
     served: tuple[int, MeterProvider],
 ) -> None:
@@ -65,7 +59,7 @@ async def test_healthz_and_readyz_follow_the_engine_and_its_tiers(
     assert status == 503 and doc["ready"] is False and doc["engines"] == []
     assert "no open engine" in doc["reason"]
 
-    clock = FakeClock()
+    clock = FakeClock(0.0)
     flaky = FaultyTier(MemoryTier(1 << 20, name="flaky"))
     engine = TieringEngine(
         PrimaryTier(4, 64),
