@@ -12,6 +12,21 @@ from redis_fixtures import *  # noqa: F403
 from seaweedfs_fixtures import *  # noqa: F403
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--run-slow", action="store_true", help="also run the tests marked slow (long variants)"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="a long variant: run with --run-slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def no_blocking_calls_in_the_event_loop() -> Iterator[None]:
     """Fail any test in which aiotier's own code blocks the event loop (file I/O, sleep, sockets).

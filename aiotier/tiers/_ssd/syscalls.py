@@ -1,8 +1,8 @@
 """The SSD tier's work on its threads: system calls over file descriptors and caller buffers.
 
 Nothing here touches the event loop or the tier's index; every function runs on one of the
-tier's threads, inside a hop (:mod:`.hops`). A disk error surfaces as ``OSError`` and a damaged
-block as ``BlockCorruptedError``, for the op's ``finish`` to translate on the loop.
+tier's threads, inside a hop (:mod:`.hops`) or while a tier opens or closes. A disk error
+surfaces as ``OSError``, for the op's ``finish`` to translate on the loop.
 """
 
 from __future__ import annotations
@@ -12,31 +12,21 @@ import errno
 import os
 from typing import Final
 
-from ..._types import MAX_KEY_BYTES
-from ...errors import BlockCorruptedError
-from ..framing import HEADER, check_header, check_payload, parse_header
-
 __all__ = [
     "O_CLOEXEC",
-    "TMP_FLAGS",
+    "O_NOFOLLOW",
     "NowaitProbe",
-    "drop_file",
     "fsync_dir",
-    "open_for_read",
-    "read_block_key",
+    "pwrite_all",
     "read_exact_into",
-    "read_whole_block",
+    "replace_file",
     "skip_views",
     "unlink_quiet",
-    "verify_block",
-    "write_all",
 ]
 
 O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
-_O_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
-#: Block files are never followed through a symlink planted at their path.
-_READ_FLAGS: Final = os.O_RDONLY | O_CLOEXEC | _O_NOFOLLOW
-TMP_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_CLOEXEC | _O_NOFOLLOW
+#: The tier's files are never followed through a symlink planted at their path.
+O_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
 
 
 class NowaitProbe:
@@ -92,11 +82,14 @@ def read_exact_into(fd: int, views: list[memoryview], offset: int) -> int:
     return got
 
 
-def write_all(fd: int, chunks: list[memoryview]) -> None:
-    """``writev`` until every byte is written (a disk error raises ``OSError``)."""
+def pwrite_all(fd: int, chunks: list[memoryview], offset: int) -> None:
+    """``pwritev`` until every byte is written at ``offset`` (a disk error raises ``OSError``)."""
     pending = [c for c in chunks if c.nbytes]
     while pending:
-        n = os.writev(fd, pending)
+        n = os.pwritev(fd, pending, offset)
+        if n <= 0:
+            raise OSError(errno.EIO, f"pwritev wrote {n} bytes")
+        offset += n
         while n:
             head = pending[0]
             if n >= head.nbytes:
@@ -107,75 +100,6 @@ def write_all(fd: int, chunks: list[memoryview]) -> None:
                 n = 0
 
 
-def drop_file(fd: int, path: str) -> None:
-    """Unlink ``path`` if it is still the inode open as ``fd`` (a newer write may have landed)."""
-    try:
-        cur = os.stat(path, follow_symlinks=False)
-        mine = os.fstat(fd)
-        if cur.st_ino == mine.st_ino and cur.st_dev == mine.st_dev:
-            os.unlink(path)
-    except OSError:
-        pass
-
-
-def open_for_read(path: str) -> int | None:
-    """A read-only descriptor of ``path``, or None if there is no such file."""
-    try:
-        return os.open(path, _READ_FLAGS)
-    except FileNotFoundError:
-        return None
-
-
-def verify_block(
-    fd: int, path: str, key: bytes, hdr: bytearray, buf: memoryview, got: int, tier_name: str
-) -> int:
-    """Check a block read as ``hdr`` + ``buf`` (``got`` bytes); drop the file if it is damaged.
-
-    ``buf`` is as long as the payload the file's name promises; a file that holds a complete
-    frame of another length is damaged too.
-    """
-    try:
-        _key_len, payload_len, digest = check_header(hdr, key, got)
-        if payload_len != buf.nbytes:
-            raise BlockCorruptedError(
-                f"key {key[:64]!r}: file holds {payload_len} payload bytes, its name says "
-                f"{buf.nbytes}"
-            )
-        check_payload(buf, key, digest)
-    except BlockCorruptedError as exc:
-        drop_file(fd, path)
-        raise BlockCorruptedError(f"ssd tier {tier_name!r} file {path}: {exc}") from None
-    return payload_len
-
-
-def read_whole_block(path: str) -> tuple[bytes, bytes] | None:
-    """(key, payload) of a verified block file, or None if it is gone or does not verify."""
-    try:
-        with open(path, "rb", buffering=0) as f:
-            blob = f.read()
-        key_len, _payload_len, digest = check_header(blob, None, len(blob))
-        key = blob[HEADER.size : HEADER.size + key_len]
-        payload = blob[HEADER.size + key_len :]
-        check_payload(payload, key, digest)
-        return key, payload
-    except (OSError, BlockCorruptedError):
-        return None
-
-
-def read_block_key(path: str) -> bytes | None:
-    """The key in a block file's header, or None if the file is gone or not a block."""
-    try:
-        fd = os.open(path, _READ_FLAGS)
-    except OSError:
-        return None
-    try:
-        return parse_header(os.pread(fd, HEADER.size + MAX_KEY_BYTES, 0), where=path).key
-    except (OSError, BlockCorruptedError):
-        return None
-    finally:
-        os.close(fd)
-
-
 def fsync_dir(path: str) -> None:
     """Make a rename or unlink in ``path`` durable."""
     fd = os.open(path, os.O_RDONLY | O_CLOEXEC | getattr(os, "O_DIRECTORY", 0))
@@ -183,6 +107,29 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_file(directory: str, name: str, data: bytes, *, tmp_prefix: str, sync: bool) -> None:
+    """Write ``directory/name`` whole (mode 0600) through a temporary renamed over it; with
+    ``sync``, durably (the file, then the directory)."""
+    tmp = os.path.join(directory, tmp_prefix + name)
+    unlink_quiet(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, os.path.join(directory, name))
+    except BaseException:
+        unlink_quiet(tmp)
+        raise
+    if sync:
+        fsync_dir(directory)
 
 
 def unlink_quiet(path: str) -> None:
