@@ -179,6 +179,7 @@ class SSDTier(SecondaryTier):
         self.block_size = g.block_size
         self._index = index
         self.last_start = start
+        self._room = asyncio.Event()  # of this loop (a tier may be reopened in another)
         self._closing = False
         self._open = True
         log.info("ssd tier %r at %s: %s", self.name, files.root, start.describe())
@@ -258,50 +259,65 @@ class SSDTier(SecondaryTier):
         runner = self._check_open()
         if len(keys) != len(bufs):
             raise ValueError(f"{len(keys)} keys but {len(bufs)} buffers")
-        index, locate = self._index, self._locate
+        index = self._index
+        lengths, seqs = index.length, index.seq
+        per_file, slot_size, files = self._per_file, self._slot_size, self._fds
         out: list[int | Exception] = [-1] * len(keys)
-        parts = self._parts(len(keys), runner)
-        ops = [SlotReads(self._reads_done) for _ in range(parts)]
-        where: list[list[int]] = [[] for _ in range(parts)]
+        keys = [k if type(k) is bytes else _as_key(k) for k in keys]
+        # the reads as parallel lists, split over the threads below by slicing
+        r_pos: list[int] = []
+        r_fds: list[int] = []
+        r_offs: list[int] = []
+        r_keys: list[bytes] = []
+        r_seqs: list[int] = []
+        r_views: list[memoryview] = []
+        r_slots: list[int] = []
+        nbytes = 0
         in_transit: list[int] = []
-        n = 0
-        for i, k in enumerate(keys):
-            key = k if type(k) is bytes else _as_key(k)
-            slot = index.pin(key)
+        for i, slot in enumerate(index.pin_many(keys)):
             if slot < 0:
-                if key in self._handover:
+                if keys[i] in self._handover:
                     in_transit.append(i)
                 continue
-            length = index.length[slot]
+            length = lengths[slot]
             view = _byte_view(bufs[i])
             if view.nbytes < length:
                 index.read_ended(slot)
                 out[i] = ValueError(
-                    f"ssd tier {self.name!r}: block {key[:64]!r} is {length} bytes, buffer "
+                    f"ssd tier {self.name!r}: block {keys[i][:64]!r} is {length} bytes, buffer "
                     f"holds {view.nbytes}"
                 )
                 continue
-            fd, off = locate(slot)
-            p = n % parts
-            ops[p].add(fd, off, key, index.seq[slot], view[:length], slot)
-            where[p].append(i)
-            n += 1
-        if n:
-            used = [p for p in range(parts) if where[p]]
+            f, j = divmod(slot, per_file)
+            r_pos.append(i)
+            r_fds.append(files[f])
+            r_offs.append(j * slot_size)
+            r_keys.append(keys[i])
+            r_seqs.append(seqs[slot])
+            r_views.append(view[:length])
+            r_slots.append(slot)
+            nbytes += length
+        if r_pos:
+            parts = self._parts(len(r_pos), runner)
+            ops = []
+            for p in range(parts):
+                cut = slice(p, None, parts)
+                reads = (r_fds[cut], r_offs[cut], r_keys[cut], r_seqs[cut], r_views[cut])
+                ops.append(SlotReads(*reads, r_slots[cut], nbytes // parts, self._reads_done))
             try:
-                results = await runner.submit_group([ops[p] for p in used], withdrawable=True)
+                results = await runner.submit_group(ops, withdrawable=True)
             except asyncio.CancelledError:
-                for p in used:
-                    if ops[p].withdrawn:  # never reached a thread: its reads never end there
-                        for slot in ops[p].slots:
+                for op in ops:
+                    if op.withdrawn:  # never reached a thread: its reads never end there
+                        for slot in op.slots:
                             index.read_ended(slot)
                 raise
-            for p, res in zip(used, results, strict=True):
-                for i, r in zip(where[p], res, strict=True):
+            for p, res in enumerate(results):
+                for i, r in zip(r_pos[p::parts], res, strict=True):
                     out[i] = r
         for i in in_transit:
             try:
-                out[i] = await self._read_in_transit(_as_key(keys[i]), bufs[i])
+                out[i] = await self._read_in_transit(keys[i], bufs[i])
             except Exception as exc:
                 out[i] = exc
         return out
@@ -318,29 +334,33 @@ class SSDTier(SecondaryTier):
         )
         index = self._index
         clear: list[int] = []
-        for j, slot in enumerate(op.slots):
-            r = results[j]
-            if type(r) is not int:
-                key = op.keys[j]
-                if isinstance(r, BlockCorruptedError):
-                    s = index.read_failed(key, slot, op.seqs[j])
-                    if s >= 0:
-                        clear.append(s)
-                    assert self._files is not None
-                    f, i = divmod(slot, self._per_file)
-                    r = BlockCorruptedError(
-                        f"ssd tier {self.name!r} {self._files.path(f)} slot {i}: {r}"
-                    )
-                elif isinstance(r, OSError):
-                    r = _unavailable(f"ssd tier {self.name!r}: reading block {key[:64]!r}", r)
-                elif isinstance(r, BaseException) and not isinstance(r, Exception):
-                    r = TieringError(repr(r))
-                results[j] = r
-            index.read_ended(slot)
-        if clear:
-            self._clear(clear)
-        self._room.set()
-        op.settle(results)
+        try:
+            for j, slot in enumerate(op.slots):
+                r = results[j]
+                if type(r) is not int:
+                    results[j] = self._read_error(op, j, r, clear)
+                index.read_ended(slot)
+            if clear:
+                self._clear(clear)
+            self._room.set()
+        finally:  # whatever happened, the caller gets an answer
+            op.settle(results)
+
+    def _read_error(self, op: SlotReads, j: int, r: BaseException, clear: list[int]) -> Exception:
+        """What the caller sees of a failed read; a block that did not verify leaves the
+        index (and its slot is cleared)."""
+        key, slot = op.keys[j], op.slots[j]
+        if isinstance(r, BlockCorruptedError):
+            s = self._index.read_failed(key, slot, op.seqs[j])
+            if s >= 0:
+                clear.append(s)
+            assert self._files is not None
+            f, i = divmod(slot, self._per_file)
+            where = f"ssd tier {self.name!r} {self._files.path(f)} slot {i}"
+            return BlockCorruptedError(f"{where}: {r}")
+        if isinstance(r, OSError):
+            return _unavailable(f"ssd tier {self.name!r}: reading block {key[:64]!r}", r)
+        return _as_exception(r)
 
     async def _read_in_transit(self, key: bytes, buf: memoryview) -> int:
         """A block evicted a moment ago for the tier below: its bytes once read from its slot."""
@@ -450,24 +470,26 @@ class SSDTier(SecondaryTier):
             handed, errors = outcome[0], list(outcome[1])
         index = self._index
         clear: list[int] = []
-        results: list[Exception | None] = []
-        for j, (plan, token, _pos) in enumerate(op.tags):
-            if token is not None:
-                self._handover.arrived(plan.victim.key, token, handed[j])
-            err = errors[j]
-            if err is None:
-                old = index.write_landed(plan)
-                if old >= 0:
-                    clear.append(old)
-                results.append(None)
-            else:
-                clear.extend(index.write_failed(plan))
-                results.append(self._write_error(plan.key, err))
-            self._turns.release(plan.key)
-        if clear:
-            self._clear(clear)
-        self._room.set()
-        op.settle(results)
+        results: list[Exception | None] = [None] * n
+        try:
+            for j, (plan, token, _pos) in enumerate(op.tags):
+                if token is not None:
+                    self._handover.arrived(plan.victim.key, token, handed[j])
+                err = errors[j]
+                if err is None:
+                    old = index.write_landed(plan)
+                    if old >= 0:
+                        clear.append(old)
+                else:
+                    clear.extend(index.write_failed(plan))
+                    results[j] = self._write_error(plan.key, err)
+            if clear:
+                self._clear(clear)
+            self._room.set()
+        finally:  # whatever happened, the keys' turns end and the caller gets an answer
+            for plan, _token, _pos in op.tags:
+                self._turns.release(plan.key)
+            op.settle(results)
 
     def _write_error(self, key: bytes, err: BaseException) -> Exception:
         if isinstance(err, OSError):
@@ -501,12 +523,14 @@ class SSDTier(SecondaryTier):
 
     def _clears_done(self, op: SlotClears, outcome: Any) -> None:
         errors = [outcome] * len(op.slots) if isinstance(outcome, BaseException) else outcome
-        for slot, err in zip(op.slots, errors, strict=True):
-            if err is not None:
-                log.warning("ssd tier %r: clearing slot %d failed: %s", self.name, slot, err)
-            self._index.cleared(slot, err is None)
-        self._room.set()
-        op.settle([_as_exception(e) if e is not None else None for e in errors])
+        try:
+            for slot, err in zip(op.slots, errors, strict=True):
+                if err is not None:
+                    log.warning("ssd tier %r: clearing slot %d failed: %s", self.name, slot, err)
+                self._index.cleared(slot, err is None)
+            self._room.set()
+        finally:
+            op.settle([None if e is None else _as_exception(e) for e in errors])
 
     async def remove(self, key: bytes) -> bool:
         result = (await self.remove_many([key]))[0]
@@ -585,7 +609,7 @@ def _as_key(key: object) -> bytes:
 
 
 def _byte_view(data: bytes | bytearray | memoryview) -> memoryview:
-    view = data if isinstance(data, memoryview) else memoryview(data)
+    view = data if type(data) is memoryview else memoryview(data)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
     return view

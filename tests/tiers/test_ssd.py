@@ -631,14 +631,13 @@ async def test_a_block_is_never_read_under_another_key_even_when_its_slot_is_reu
     assert await tier.read_into(b"a", memoryview(bytearray(1000))) == -1
     # a read planned for a's copy that reaches the slot after b took it: refused, not b's bytes
     buf = bytearray(1000)
-    stale = SlotReads(lambda op, outcome: None)
-    stale.add(fd, off, b"a", seq_a, memoryview(buf), slot)
+    stale = SlotReads([fd], [off], [b"a"], [seq_a], [memoryview(buf)], [slot], 1000, print)
     [result] = stale.start(_runner(tier).nowait)
     assert isinstance(result, BlockCorruptedError)  # so the caller never uses the buffer
     assert f"holds write {tier.index.seq[slot]}, the index expects {seq_a}" in str(result)
     # and the same write number with another key (a slot copied over) fails on the key
-    same_seq = SlotReads(lambda op, outcome: None)
-    same_seq.add(fd, off, b"a", tier.index.seq[slot], memoryview(buf), slot)
+    seq_b = tier.index.seq[slot]
+    same_seq = SlotReads([fd], [off], [b"a"], [seq_b], [memoryview(buf)], [slot], 1000, print)
     [result] = same_seq.start(_runner(tier).nowait)
     assert isinstance(result, BlockCorruptedError) and "not b'a'" in str(result)
     assert await read(tier, b"b") == b"B" * 1000

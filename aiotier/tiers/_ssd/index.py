@@ -165,6 +165,20 @@ class SSDIndex:
         self.lru.move_to_end(key)
         return slot
 
+    def pin_many(self, keys: Sequence[bytes]) -> list[int]:
+        """:meth:`pin` of each key (a promotion's batch in one call)."""
+        get, holds, touch = self.lru.get, self.holds, self.lru.move_to_end
+        out = []
+        for key in keys:
+            slot = get(key)
+            if slot is None:
+                out.append(-1)
+                continue
+            holds[slot] += 1
+            touch(key)
+            out.append(slot)
+        return out
+
     def read_ended(self, slot: int) -> None:
         """A read of ``slot`` (planned by :meth:`pin`) is over, whatever it found."""
         holds = self.holds[slot] - 1

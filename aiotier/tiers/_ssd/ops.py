@@ -66,27 +66,30 @@ class SlotReads(DiskOp):
 
     __slots__ = ("cold", "done", "fds", "keys", "offsets", "out", "seqs", "slots", "views")
 
-    def __init__(self, done: Callable[[SlotReads, Any], None]) -> None:
-        DiskOp.__init__(self, 0)
+    def __init__(
+        self,
+        fds: list[int],
+        offsets: list[int],
+        keys: list[bytes],
+        seqs: list[int],
+        views: list[memoryview],
+        slots: list[int],
+        nbytes: int,
+        done: Callable[[SlotReads, Any], None],
+    ) -> None:
+        """Read block ``i`` (write ``seqs[i]`` of ``keys[i]``, ``views[i].nbytes`` bytes of
+        payload) from ``offsets[i]`` of ``fds[i]`` into ``views[i]``. ``slots`` is loop-side
+        data for ``done``."""
+        DiskOp.__init__(self, nbytes)
         self.done = done
-        self.fds: list[int] = []
-        self.offsets: list[int] = []
-        self.keys: list[bytes] = []
-        self.seqs: list[int] = []
-        self.views: list[memoryview] = []
-        #: The slots read and, for the caller, where each result goes (loop-side data).
-        self.slots: list[int] = []
+        self.fds = fds
+        self.offsets = offsets
+        self.keys = keys
+        self.seqs = seqs
+        self.views = views
+        self.slots = slots
         self.out: list[Any] = []
         self.cold: list[tuple[int, bytearray, int]] = []
-
-    def add(self, fd: int, offset: int, key: bytes, seq: int, view: memoryview, slot: int) -> None:
-        self.fds.append(fd)
-        self.offsets.append(offset)
-        self.keys.append(key)
-        self.seqs.append(seq)
-        self.views.append(view)
-        self.slots.append(slot)
-        self.nbytes += view.nbytes
 
     def start(self, nowait: NowaitProbe) -> Any:
         fds, offsets, keys, seqs, views = self.fds, self.offsets, self.keys, self.seqs, self.views
