@@ -264,7 +264,16 @@ class SSDTier(SecondaryTier):
         per_file, slot_size, files = self._per_file, self._slot_size, self._fds
         out: list[int | Exception] = [-1] * len(keys)
         keys = [k if type(k) is bytes else _as_key(k) for k in keys]
-        # the reads as parallel lists, split over the threads below by slicing
+        # pinned slots in file order (a cold batch reads each file forwards), then the reads
+        # as parallel lists, split over the threads below
+        order: list[tuple[int, int]] = []
+        in_transit: list[int] = []
+        for i, slot in enumerate(index.pin_many(keys)):
+            if slot >= 0:
+                order.append((slot, i))
+            elif keys[i] in self._handover:
+                in_transit.append(i)
+        order.sort()
         r_pos: list[int] = []
         r_fds: list[int] = []
         r_offs: list[int] = []
@@ -273,12 +282,7 @@ class SSDTier(SecondaryTier):
         r_views: list[memoryview] = []
         r_slots: list[int] = []
         nbytes = 0
-        in_transit: list[int] = []
-        for i, slot in enumerate(index.pin_many(keys)):
-            if slot < 0:
-                if keys[i] in self._handover:
-                    in_transit.append(i)
-                continue
+        for slot, i in order:
             length = lengths[slot]
             view = _byte_view(bufs[i])
             if view.nbytes < length:
@@ -299,9 +303,11 @@ class SSDTier(SecondaryTier):
             nbytes += length
         if r_pos:
             parts = self._parts(len(r_pos), runner)
+            # every thread takes one of every ``parts`` blocks: to the kernel, a batch in file
+            # order stays one forward stream (its readahead keeps working on cold blocks)
+            cuts = [slice(p, None, parts) for p in range(parts)]
             ops = []
-            for p in range(parts):
-                cut = slice(p, None, parts)
+            for cut in cuts:
                 reads = (r_fds[cut], r_offs[cut], r_keys[cut], r_seqs[cut], r_views[cut])
                 ops.append(SlotReads(*reads, r_slots[cut], nbytes // parts, self._reads_done))
             try:
@@ -312,8 +318,8 @@ class SSDTier(SecondaryTier):
                         for slot in op.slots:
                             index.read_ended(slot)
                 raise
-            for p, res in enumerate(results):
-                for i, r in zip(r_pos[p::parts], res, strict=True):
+            for cut, res in zip(cuts, results, strict=True):
+                for i, r in zip(r_pos[cut], res, strict=True):
                     out[i] = r
         for i in in_transit:
             try:

@@ -16,6 +16,7 @@ import shutil
 import stat
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -1076,19 +1077,20 @@ def _drop_cached_pages(path: Path, offset: int, length: int) -> None:
         os.close(fd)
 
 
-async def test_cold_and_partly_cached_reads_continue_where_the_cache_ended(
-    tier: SSDTier, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The page cache simulated: k1 wholly on disk, k3 cached for its first 70,000 bytes.
-    Warm blocks are read first; the cold ones are advised together, then read."""
-    blocks = {f"k{i}".encode(): os.urandom(300_000) for i in range(5)}
-    await tier.write_many(list(blocks.items()))
+async def _simulate_page_cache(
+    tier: SSDTier,
+    monkeypatch: pytest.MonkeyPatch,
+    blocks: dict[bytes, bytes],
+    cached: dict[bytes, int],
+) -> list[tuple[str, bytes]]:
+    """Read ``blocks`` in one op with the page cache simulated: a key in ``cached`` has only
+    its first ``cached[key]`` bytes in memory. The order of non-blocking probes ("start") and
+    of reads that wait for the disk ("complete")."""
     keys = list(blocks)
-    bufs = [bytearray(300_000) for _ in keys]
+    bufs = [bytearray(len(v)) for v in blocks.values()]
     key_of_buf = {id(b): k for k, b in zip(keys, bufs, strict=True)}
     nowait = _runner(tier).nowait
     real_nowait = nowait.preadv
-    cached = {b"k1": 0, b"k3": 70_000}
     order: list[tuple[str, bytes]] = []
 
     def preadv_nowait(fd: int, views: list[memoryview], offset: int) -> int:
@@ -1108,9 +1110,40 @@ async def test_cold_and_partly_cached_reads_continue_where_the_cache_ended(
     monkeypatch.setattr(ops, "read_exact_into", read_exact_into)
     monkeypatch.setattr(tier, "_parts", lambda n, runner: 1)  # one op: the order is exact
     got = await tier.read_many_into(keys, [memoryview(b) for b in bufs])
-    assert got == [300_000] * len(keys)
+    assert got == [len(v) for v in blocks.values()]
     assert [bytes(b) for b in bufs] == list(blocks.values())
-    assert order == [("start", k) for k in keys] + [("complete", b"k1"), ("complete", b"k3")]
+    return order
+
+
+async def test_scattered_cold_blocks_are_read_after_the_warm_ones(
+    tier: SSDTier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """k1 wholly on disk, k3 cached for its first 70,000 bytes, the blocks far apart: every
+    block is probed first, then the cold ones are advised together and read, each from where
+    its cache ended."""
+    blocks = {f"k{i}".encode(): os.urandom(300_000) for i in range(5)}
+    for i, (k, v) in enumerate(blocks.items()):
+        await tier.write(k, v)
+        for j in range(3):  # blocks of other keys between them
+            await tier.write(f"filler-{i}-{j}".encode(), b"f")
+    assert all(b - a > 3 for a, b in pairwise(tier.index.lru[k] for k in blocks))
+    order = await _simulate_page_cache(tier, monkeypatch, blocks, {b"k1": 0, b"k3": 70_000})
+    assert order == [("start", k) for k in blocks] + [("complete", b"k1"), ("complete", b"k3")]
+
+
+async def test_a_cold_forward_run_is_read_in_order_without_probing(
+    tier: SSDTier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks in neighbouring slots, cold from k1 on: the rest of the op is read in file order
+    with plain reads, so the kernel's readahead streams it (no probe, no advice)."""
+    blocks = {f"k{i}".encode(): os.urandom(300_000) for i in range(5)}
+    await tier.write_many(list(blocks.items()))
+    blocks = {k: blocks[k] for k in sorted(blocks, key=lambda k: tier.index.lru[k])}
+    first, second, *rest = blocks
+    order = await _simulate_page_cache(tier, monkeypatch, blocks, {second: 0})
+    assert order == [("start", first), ("start", second)] + [
+        ("complete", k) for k in (second, *rest)
+    ]
 
 
 def _first_bytes(views: list[memoryview], n: int) -> list[memoryview]:

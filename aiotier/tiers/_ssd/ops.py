@@ -7,6 +7,11 @@ through the ``done`` callback it passed in; :class:`~.hops.HopRunner` runs them.
 many slots so that the event loop's cost of a batch does not grow with an object, a future and
 a callback per block; the tier makes one op per thread for a batch, so the batch still spreads
 over every thread.
+
+Between two blocks an op yields its CPU (:func:`~.syscalls.yield_cpu`): with as many copying
+threads as CPUs, the event loop would otherwise wait for a CPU until the kernel's next tick
+(4 ms at HZ=250, a tickless kernel preempting nothing sooner); after a yield it waits at most
+one block's copy.
 """
 
 from __future__ import annotations
@@ -19,9 +24,19 @@ from typing import Any
 from ...errors import BlockCorruptedError
 from .hops import NEEDS_DISK, DiskOp
 from .slot import CLEARED, HEAD_SIZE, check_slot, encode_head
-from .syscalls import NowaitProbe, pwrite_all, read_exact_into, skip_views
+from .syscalls import NowaitProbe, pwrite_all, read_exact_into, skip_views, yield_cpu
 
 __all__ = ["SlotClears", "SlotReads", "SlotWrites", "read_slot"]
+
+
+#: Cold reads this close together are advised as one range (the bytes between are few).
+_MERGE_GAP = 64 << 10
+
+
+def _advise(fd: int, start: int, end: int) -> None:
+    if fd >= 0:
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
 
 
 def _verify(head: bytearray, key: bytes, seq: int, view: memoryview, got: int) -> int:
@@ -96,29 +111,62 @@ class SlotReads(DiskOp):
         out: list[Any] = [None] * len(keys)
         cold = self.cold
         for i, key in enumerate(keys):
+            if i:
+                yield_cpu()
             view = views[i]
             head = bytearray(HEAD_SIZE + len(key))
             try:
                 got = nowait.preadv(fds[i], [memoryview(head), view], offsets[i])
                 if got == len(head) + view.nbytes:
                     out[i] = check_slot(head, key, seqs[i], view)
-                else:
-                    cold.append((i, head, got))
+                    continue
             except (OSError, BlockCorruptedError) as exc:
                 out[i] = exc
+                continue
+            cold.append((i, head, got))
+            if i + 2 < len(keys) and self._forward_run(i):
+                # The rest of the op reads one file forwards: read it in order without probing
+                # or advising, so the kernel's readahead sees (and streams) a sequential read.
+                scattered = len(cold) - 1
+                cold.extend((j, bytearray(HEAD_SIZE + len(keys[j])), 0)
+                            for j in range(i + 1, len(keys)))  # fmt: skip
+                break
+        else:
+            scattered = len(cold)
         self.out = out
         if not cold:
             return out
-        for i, head, got in cold:
-            with contextlib.suppress(OSError):
-                want = len(head) + views[i].nbytes - got
-                os.posix_fadvise(fds[i], offsets[i] + got, want, os.POSIX_FADV_WILLNEED)
+        # The scattered cold blocks: one WILLNEED per run of near ones, so the kernel fetches
+        # them all at once, in a few large requests. A hole of up to twice a read's length is
+        # advised with it (another thread's block, most likely), a larger one splits the run.
+        fd, start, end = -1, 0, 0
+        for i, head, got in cold[:scattered]:
+            lo, hi = offsets[i] + got, offsets[i] + len(head) + views[i].nbytes
+            if fds[i] == fd and start <= lo <= end + max(_MERGE_GAP, 2 * (hi - lo)):
+                end = max(end, hi)
+                continue
+            _advise(fd, start, end)
+            fd, start, end = fds[i], lo, hi
+        _advise(fd, start, end)
         return NEEDS_DISK
+
+    def _forward_run(self, i: int) -> bool:
+        """Whether blocks ``i`` on are each in the same file a little after the one before
+        (at most a read's length or two of another thread's blocks between them)."""
+        fds, offsets, keys, views = self.fds, self.offsets, self.keys, self.views
+        for j in range(i, len(keys) - 1):
+            end = offsets[j] + HEAD_SIZE + len(keys[j]) + views[j].nbytes
+            hole = offsets[j + 1] - end
+            if fds[j + 1] != fds[j] or not 0 <= hole <= max(_MERGE_GAP, 2 * (end - offsets[j])):
+                return False
+        return True
 
     def complete(self) -> list[Any]:
         """Read the rest of the cold blocks (waiting for the disk), verify them."""
         out = self.out
-        for i, head, got in self.cold:
+        for n, (i, head, got) in enumerate(self.cold):
+            if n:
+                yield_cpu()
             view = self.views[i]
             try:
                 views = skip_views([memoryview(head), view], got)
@@ -203,6 +251,8 @@ class SlotWrites(DiskOp):
         errors: list[OSError | None] = [None] * n
         touched: dict[int, list[int]] = {}
         for i in range(n):
+            if i:
+                yield_cpu()
             fd, off, data = fds[i], offsets[i], self.datas[i]
             try:
                 head = encode_head(self.keys[i], self.seqs[i], data)

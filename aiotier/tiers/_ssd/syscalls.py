@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from collections.abc import Callable
 from typing import Final
 
 __all__ = [
@@ -22,11 +23,17 @@ __all__ = [
     "replace_file",
     "skip_views",
     "unlink_quiet",
+    "yield_cpu",
 ]
 
 O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 #: The tier's files are never followed through a symlink planted at their path.
 O_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
+
+
+#: Let a runnable thread waiting for this CPU run (the event loop, most often); returns at once
+#: when there is none. A no-op where the platform has no ``sched_yield``.
+yield_cpu: Callable[[], None] = getattr(os, "sched_yield", lambda: None)
 
 
 class NowaitProbe:
