@@ -502,7 +502,8 @@ async def run(
     rounds = 2 if quick else 7
     # The promotion runs need at least two batches of 64 (the primary holds one).
     promote = [(256 * KiB, 128 if quick else 1024), (MiB, 128 if quick else 512)]
-    demote = [(256 * KiB, 32 if quick else 1024), (MiB, 16 if quick else 256)]
+    # more blocks than the primary holds (64): the rest is demoted
+    demote = [(256 * KiB, 128 if quick else 1024), (MiB, 96 if quick else 256)]
     try:
         out: list[Case] = []
         if "ssd_promote" in wanted:
