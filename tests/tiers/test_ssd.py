@@ -1214,3 +1214,28 @@ def test_inspect_reads_a_directory_without_changing_it(root: Path) -> None:
     after = {p.name: p.read_bytes() for p in root.iterdir()}
     before.pop("checkpoint")
     assert after == before
+
+
+def test_the_nowait_probe_rests_after_finding_the_disk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe that found part of a block on disk sends the next reads straight to the disk
+    path (no syscall) for ``rest`` seconds, then probes again."""
+    calls: list[int] = []
+    cached = {"bytes": 10}
+
+    def preadv(fd: int, views: Any, offset: int, flags: int = 0) -> int:
+        calls.append(flags)
+        return cached["bytes"]
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    clock = {"now": 100.0}
+    monkeypatch.setattr("aiotier.tiers._ssd.syscalls.time.monotonic", lambda: clock["now"])
+    probe = NowaitProbe(flag=8)
+    view = [memoryview(bytearray(10)), memoryview(bytearray(90))]
+    assert probe.preadv(3, view, 0) == 10  # 10 of 100 bytes cached: it found the disk
+    assert probe.preadv(3, view, 0) == 0  # resting: no syscall
+    assert len(calls) == 1
+    clock["now"] += probe.rest + 0.001
+    cached["bytes"] = 100
+    assert probe.preadv(3, view, 0) == 100  # probing again; all cached: no rest
+    assert probe.preadv(3, view, 0) == 100
+    assert len(calls) == 3

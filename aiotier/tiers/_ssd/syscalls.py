@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import time
 from collections.abc import Callable
 from typing import Final
 
@@ -42,27 +43,40 @@ class NowaitProbe:
     A file system that refuses the flag (or a platform without it) is remembered, so the flag
     is tried once rather than on every read; from then on every read simply blocks. One probe
     per tier: tiers on different file systems learn separately.
+
+    After a probe found part of a block on disk, the probe rests for :attr:`rest` seconds: the
+    reads in that time go straight to the disk path (the op reads them in file order, the
+    kernel reading ahead, or advised together when scattered). A cold stream gains nothing from
+    probing, and a probe of pages the kernel is still reading in can itself wait, behind the
+    readahead's own requests, as long as a blocking read would.
     """
+
+    rest = 0.1
 
     def __init__(self, flag: int = getattr(os, "RWF_NOWAIT", 0)) -> None:
         #: The ``preadv`` flag in use; 0 once refused (every read then waits for the disk).
         self.flag = flag
+        #: ``time.monotonic()`` until which :meth:`preadv` reads nothing (it found the disk).
+        self.resting_until = 0.0
 
     def preadv(self, fd: int, views: list[memoryview], offset: int) -> int:
         """Bytes read from the page cache at ``offset``; 0 when the read would wait for the
         disk (the rest is then read with :func:`read_exact_into`)."""
         flag = self.flag
-        if not flag:
+        if not flag or (self.resting_until and time.monotonic() < self.resting_until):
             return 0
         try:
-            return os.preadv(fd, views, offset, flag)
+            got = os.preadv(fd, views, offset, flag)
         except BlockingIOError:
-            return 0
+            got = 0
         except OSError as exc:
             if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                 raise
             self.flag = 0
             return 0
+        if got < sum(v.nbytes for v in views):
+            self.resting_until = time.monotonic() + self.rest
+        return got
 
 
 def skip_views(views: list[memoryview], skip: int) -> list[memoryview]:
