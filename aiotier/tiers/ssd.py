@@ -38,6 +38,7 @@ from ._ssd.hops import CANCEL_GRACE, HOP_MAX_BYTES, HOP_MAX_OPS, HopRunner
 from ._ssd.index import SSDIndex
 from ._ssd.inspection import SSDInspection, inspect_directory
 from ._ssd.ops import SlotClears, SlotReads, SlotWrites
+from ._ssd.reads import ReadBatch
 from ._ssd.startup import SSDStart
 from ._ssd.turns import KeyTurns
 from .base import SecondaryTier, TierUsage
@@ -259,73 +260,29 @@ class SSDTier(SecondaryTier):
         runner = self._check_open()
         if len(keys) != len(bufs):
             raise ValueError(f"{len(keys)} keys but {len(bufs)} buffers")
-        index = self._index
-        lengths, seqs = index.length, index.seq
-        per_file, slot_size, files = self._per_file, self._slot_size, self._fds
-        out: list[int | Exception] = [-1] * len(keys)
         keys = [k if type(k) is bytes else _as_key(k) for k in keys]
-        # pinned slots in file order (a cold batch reads each file forwards), then the reads
-        # as parallel lists, split over the threads below
-        order: list[tuple[int, int]] = []
-        in_transit: list[int] = []
-        for i, slot in enumerate(index.pin_many(keys)):
-            if slot >= 0:
-                order.append((slot, i))
-            elif keys[i] in self._handover:
-                in_transit.append(i)
-        order.sort()
-        r_pos: list[int] = []
-        r_fds: list[int] = []
-        r_offs: list[int] = []
-        r_keys: list[bytes] = []
-        r_seqs: list[int] = []
-        r_views: list[memoryview] = []
-        r_slots: list[int] = []
-        nbytes = 0
-        for slot, i in order:
-            length = lengths[slot]
-            view = _byte_view(bufs[i])
-            if view.nbytes < length:
-                index.read_ended(slot)
-                out[i] = ValueError(
-                    f"ssd tier {self.name!r}: block {keys[i][:64]!r} is {length} bytes, buffer "
-                    f"holds {view.nbytes}"
-                )
-                continue
-            f, j = divmod(slot, per_file)
-            r_pos.append(i)
-            r_fds.append(files[f])
-            r_offs.append(j * slot_size)
-            r_keys.append(keys[i])
-            r_seqs.append(seqs[slot])
-            r_views.append(view[:length])
-            r_slots.append(slot)
-            nbytes += length
-        if r_pos:
-            parts = self._parts(len(r_pos), runner)
-            # every thread takes one of every ``parts`` blocks: to the kernel, a batch in file
-            # order stays one forward stream (its readahead keeps working on cold blocks)
-            cuts = [slice(p, None, parts) for p in range(parts)]
-            ops = []
-            for cut in cuts:
-                reads = (r_fds[cut], r_offs[cut], r_keys[cut], r_seqs[cut], r_views[cut])
-                ops.append(SlotReads(*reads, r_slots[cut], nbytes // parts, self._reads_done))
+        views = [_byte_view(b) for b in bufs]
+        batch = ReadBatch(
+            self._index, keys, views, self._fds, self._per_file, self._slot_size, self.name
+        )
+        out = batch.out
+        if len(batch):
+            ops = batch.ops(self._parts(len(batch), runner), self._reads_done)
             try:
                 results = await runner.submit_group(ops, withdrawable=True)
             except asyncio.CancelledError:
                 for op in ops:
                     if op.withdrawn:  # never reached a thread: its reads never end there
                         for slot in op.slots:
-                            index.read_ended(slot)
+                            self._index.read_ended(slot)
                 raise
-            for cut, res in zip(cuts, results, strict=True):
-                for i, r in zip(r_pos[cut], res, strict=True):
-                    out[i] = r
-        for i in in_transit:
-            try:
-                out[i] = await self._read_in_transit(keys[i], bufs[i])
-            except Exception as exc:
-                out[i] = exc
+            batch.settle(results)
+        for i in batch.missing:
+            if keys[i] in self._handover:  # evicted a moment ago, on its way down
+                try:
+                    out[i] = await self._read_in_transit(keys[i], views[i])
+                except Exception as exc:
+                    out[i] = exc
         return out
 
     def _locate(self, slot: int) -> tuple[int, int]:

@@ -10,8 +10,8 @@ over every thread.
 
 Between two blocks an op yields its CPU (:func:`~.syscalls.yield_cpu`): with as many copying
 threads as CPUs, the event loop would otherwise wait for a CPU until the kernel's next tick
-(4 ms at HZ=250, a tickless kernel preempting nothing sooner); after a yield it waits at most
-one block's copy.
+(4 ms at HZ=250 on a kernel built without preemption, as the benchmark machine's); after a
+yield it waits at most one block's copy.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from .hops import NEEDS_DISK, DiskOp
 from .slot import CLEARED, HEAD_SIZE, check_slot, encode_head
 from .syscalls import NowaitProbe, pwrite_all, read_exact_into, skip_views, yield_cpu
 
-__all__ = ["SlotClears", "SlotReads", "SlotWrites", "read_slot"]
+__all__ = ["SlotClears", "SlotOp", "SlotReads", "SlotWrites", "read_slot"]
 
 
 #: Cold reads this close together are advised as one range (the bytes between are few).
@@ -47,15 +47,31 @@ def _verify(head: bytearray, key: bytes, seq: int, view: memoryview, got: int) -
     return check_slot(head, key, seq, view)
 
 
-def _sync(touched: dict[int, list[int]], errors: list[OSError | None]) -> None:
-    """One ``fdatasync`` per file written (``touched``: fd -> the writes to it); a file that
-    fails to sync fails each of its writes."""
-    for fd, written in touched.items():
+def _write_each(
+    fds: list[int], write: Callable[[int], object], fsync: bool
+) -> list[OSError | None]:
+    """``write(i)`` for each of the op's slots, then with ``fsync`` one ``fdatasync`` per file
+    written (a file that fails to sync fails each of its writes): per slot the ``OSError`` or
+    None. The CPU is yielded between two writes (see the module doc)."""
+    errors: list[OSError | None] = [None] * len(fds)
+    touched: dict[int, list[int]] = {}
+    for i, fd in enumerate(fds):
+        if i:
+            yield_cpu()
         try:
-            os.fdatasync(fd)
+            write(i)
         except OSError as exc:
-            for i in written:
-                errors[i] = exc
+            errors[i] = exc
+            continue
+        touched.setdefault(fd, []).append(i)
+    if fsync:
+        for fd, written in touched.items():
+            try:
+                os.fdatasync(fd)
+            except OSError as exc:
+                for i in written:
+                    errors[i] = exc
+    return errors
 
 
 def read_slot(fd: int, offset: int, key: bytes, seq: int, length: int) -> bytes | None:
@@ -70,7 +86,25 @@ def read_slot(fd: int, offset: int, key: bytes, seq: int, length: int) -> bytes 
     return payload
 
 
-class SlotReads(DiskOp):
+class SlotOp(DiskOp):
+    """An op on slots of open files (``fds[i]`` at ``offsets[i]``) whose outcome the tier
+    applies: ``done(op, outcome)`` on the loop, a callback passed in rather than the tier."""
+
+    __slots__ = ("done", "fds", "offsets")
+
+    def __init__(
+        self, fds: list[int], offsets: list[int], nbytes: int, done: Callable[[Any, Any], None]
+    ) -> None:
+        DiskOp.__init__(self, nbytes)  # not super(): ops are made per batch, on the loop
+        self.fds = fds
+        self.offsets = offsets
+        self.done = done
+
+    def finish(self, outcome: Any) -> None:
+        self.done(self, outcome)
+
+
+class SlotReads(SlotOp):
     """Blocks read straight into caller buffers: per block one ``preadv`` of header and payload
     at the slot's offset in an open file, then :func:`~.slot.check_slot` (one hash call).
 
@@ -79,7 +113,7 @@ class SlotReads(DiskOp):
     never holds up the warm ones. The outcome is a list: per block its length or the exception.
     """
 
-    __slots__ = ("cold", "done", "fds", "keys", "offsets", "out", "seqs", "slots", "views")
+    __slots__ = ("cold", "keys", "out", "seqs", "slots", "views")
 
     def __init__(
         self,
@@ -95,10 +129,7 @@ class SlotReads(DiskOp):
         """Read block ``i`` (write ``seqs[i]`` of ``keys[i]``, ``views[i].nbytes`` bytes of
         payload) from ``offsets[i]`` of ``fds[i]`` into ``views[i]``. ``slots`` is loop-side
         data for ``done``."""
-        DiskOp.__init__(self, nbytes)
-        self.done = done
-        self.fds = fds
-        self.offsets = offsets
+        SlotOp.__init__(self, fds, offsets, nbytes, done)
         self.keys = keys
         self.seqs = seqs
         self.views = views
@@ -177,11 +208,8 @@ class SlotReads(DiskOp):
         self.cold = []
         return out
 
-    def finish(self, outcome: Any) -> None:
-        self.done(self, outcome)
 
-
-class SlotWrites(DiskOp):
+class SlotWrites(SlotOp):
     """Blocks written into their planned slots, header last, then with ``fsync`` one
     ``fdatasync`` per file touched (a group commit).
 
@@ -192,25 +220,11 @@ class SlotWrites(DiskOp):
     the victim's payload (or None) and the write's exception (or None).
     """
 
-    __slots__ = (
-        "datas",
-        "dirty",
-        "done",
-        "fds",
-        "fsync",
-        "keys",
-        "offsets",
-        "seqs",
-        "tags",
-        "victims",
-    )
+    __slots__ = ("datas", "dirty", "fsync", "keys", "seqs", "tags", "victims")
 
     def __init__(self, fsync: bool, done: Callable[[SlotWrites, Any], None]) -> None:
-        DiskOp.__init__(self, 0)
+        SlotOp.__init__(self, [], [], 0, done)
         self.fsync = fsync
-        self.done = done
-        self.fds: list[int] = []
-        self.offsets: list[int] = []
         self.keys: list[bytes] = []
         self.seqs: list[int] = []
         self.datas: list[memoryview] = []
@@ -243,47 +257,30 @@ class SlotWrites(DiskOp):
 
     def start(self, nowait: NowaitProbe) -> tuple[list[bytes | None], list[OSError | None]]:
         fds, offsets = self.fds, self.offsets
-        n = len(fds)
-        handed: list[bytes | None] = [None] * n
+        handed: list[bytes | None] = [None] * len(fds)
         for i, victim in enumerate(self.victims):
             if victim is not None:
                 handed[i] = read_slot(fds[i], offsets[i], *victim)
-        errors: list[OSError | None] = [None] * n
-        touched: dict[int, list[int]] = {}
-        for i in range(n):
-            if i:
-                yield_cpu()
-            fd, off, data = fds[i], offsets[i], self.datas[i]
-            try:
-                head = encode_head(self.keys[i], self.seqs[i], data)
-                if self.dirty[i]:
-                    os.pwrite(fd, CLEARED, off)
-                pwrite_all(fd, [data], off + len(head))
-                pwrite_all(fd, [memoryview(head)], off)
-            except OSError as exc:
-                errors[i] = exc
-                continue
-            touched.setdefault(fd, []).append(i)
-        if self.fsync:
-            _sync(touched, errors)
-        return handed, errors
+        return handed, _write_each(fds, self._write, self.fsync)
 
-    def finish(self, outcome: Any) -> None:
-        self.done(self, outcome)
+    def _write(self, i: int) -> None:
+        fd, off, data = self.fds[i], self.offsets[i], self.datas[i]
+        head = encode_head(self.keys[i], self.seqs[i], data)
+        if self.dirty[i]:
+            os.pwrite(fd, CLEARED, off)
+        pwrite_all(fd, [data], off + len(head))
+        pwrite_all(fd, [memoryview(head)], off)
 
 
-class SlotClears(DiskOp):
+class SlotClears(SlotOp):
     """Slots' headers cleared (zeros over the header checksum), then with ``fsync`` one
     ``fdatasync`` per file. The outcome is per slot the exception, or None."""
 
-    __slots__ = ("done", "fds", "fsync", "offsets", "slots")
+    __slots__ = ("fsync", "slots")
 
     def __init__(self, fsync: bool, done: Callable[[SlotClears, Any], None]) -> None:
-        DiskOp.__init__(self, 0)
+        SlotOp.__init__(self, [], [], 0, done)
         self.fsync = fsync
-        self.done = done
-        self.fds: list[int] = []
-        self.offsets: list[int] = []
         self.slots: list[int] = []
 
     def add(self, fd: int, offset: int, slot: int) -> None:
@@ -292,18 +289,5 @@ class SlotClears(DiskOp):
         self.slots.append(slot)
 
     def start(self, nowait: NowaitProbe) -> list[OSError | None]:
-        errors: list[OSError | None] = [None] * len(self.fds)
-        touched: dict[int, list[int]] = {}
-        for i, (fd, off) in enumerate(zip(self.fds, self.offsets, strict=True)):
-            try:
-                os.pwrite(fd, CLEARED, off)
-            except OSError as exc:
-                errors[i] = exc
-                continue
-            touched.setdefault(fd, []).append(i)
-        if self.fsync:
-            _sync(touched, errors)
-        return errors
-
-    def finish(self, outcome: Any) -> None:
-        self.done(self, outcome)
+        fds, offsets = self.fds, self.offsets
+        return _write_each(fds, lambda i: os.pwrite(fds[i], CLEARED, offsets[i]), self.fsync)
