@@ -222,8 +222,13 @@ class SSDTier(SecondaryTier):
 
     def _parts(self, n: int, runner: HopRunner) -> int:
         """Ops to split a batch of ``n`` blocks into: one per thread when it is large enough
-        to pay for the hops, within the hop caps."""
+        to pay for the hops, within the hop caps; one while the tier reads from the disk."""
         nbytes = n * (self.block_size or 0)
+        if runner.nowait.resting:
+            # The tier found the disk a moment ago: one thread reads the batch in file order,
+            # a single stream for the kernel's readahead (two threads taking turns on one
+            # file, or probing ahead of it, measured to halve a cold stream in some rounds).
+            return max(1, -(-nbytes // HOP_MAX_BYTES))
         parts = min(runner.threads, n, max(1, nbytes // _SPLIT_BYTES))
         return max(parts, -(-n // HOP_MAX_OPS), -(-nbytes // HOP_MAX_BYTES))
 

@@ -15,6 +15,7 @@ import os
 import shutil
 import stat
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from itertools import pairwise
 from pathlib import Path
@@ -1146,6 +1147,23 @@ async def test_a_cold_forward_run_is_read_in_order_without_probing(
     ]
 
 
+async def test_while_the_tier_reads_from_the_disk_a_batch_is_one_stream_in_file_order(
+    tier: SSDTier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe found the disk a moment ago: the next batch goes to one thread and is read in
+    file order, unprobed (one stream for the kernel's readahead), whatever order it came in."""
+    blocks = {f"k{i}".encode(): os.urandom(300_000) for i in range(6)}
+    await tier.write_many(list(blocks.items()))
+    probe = _runner(tier).nowait
+    probe.found_at = time.monotonic()
+    probe.resting_until = probe.found_at + 60
+    assert tier._parts(64, _runner(tier)) == 1
+    in_file_order = sorted(blocks, key=lambda k: tier.index.lru[k])
+    shuffled = {k: blocks[k] for k in reversed(in_file_order)}
+    order = await _simulate_page_cache(tier, monkeypatch, shuffled, {})
+    assert order == [("complete", k) for k in in_file_order]
+
+
 def _first_bytes(views: list[memoryview], n: int) -> list[memoryview]:
     """The first ``n`` bytes of ``views`` (the part a partly cached file has in memory)."""
     out: list[memoryview] = []
@@ -1239,3 +1257,11 @@ def test_the_nowait_probe_rests_after_finding_the_disk(monkeypatch: pytest.Monke
     assert probe.preadv(3, view, 0) == 100  # probing again; all cached: no rest
     assert probe.preadv(3, view, 0) == 100
     assert len(calls) == 3
+    # reads that keep going to the disk path keep it resting, up to rest_max after the find
+    cached["bytes"] = 0
+    assert probe.preadv(3, view, 0) == 0
+    found = clock["now"]
+    while clock["now"] < found + probe.rest_max + 1:
+        clock["now"] += probe.rest / 2
+        probe.rest_on()
+        assert probe.resting == (clock["now"] < found + probe.rest_max)

@@ -141,6 +141,12 @@ class SlotReads(SlotOp):
         fds, offsets, keys, seqs, views = self.fds, self.offsets, self.keys, self.seqs, self.views
         out: list[Any] = [None] * len(keys)
         cold = self.cold
+        if nowait.resting and self._forward_run(0):
+            # The tier is reading from the disk: this op is one stream, read in order unprobed.
+            nowait.rest_on()
+            cold.extend((i, bytearray(HEAD_SIZE + len(k)), 0) for i, k in enumerate(keys))
+            self.out = out
+            return NEEDS_DISK
         for i, key in enumerate(keys):
             if i:
                 yield_cpu()
