@@ -226,8 +226,8 @@ class SSDTier(SecondaryTier):
         nbytes = n * (self.block_size or 0)
         if runner.nowait.resting:
             # The tier found the disk a moment ago: one thread reads the batch in file order,
-            # a single stream for the kernel's readahead (two threads taking turns on one
-            # file, or probing ahead of it, measured to halve a cold stream in some rounds).
+            # a single stream for the kernel's readahead (a second thread taking every other
+            # block of one file resets it: see NowaitProbe).
             return max(1, -(-nbytes // HOP_MAX_BYTES))
         parts = min(runner.threads, n, max(1, nbytes // _SPLIT_BYTES))
         return max(parts, -(-n // HOP_MAX_OPS), -(-nbytes // HOP_MAX_BYTES))

@@ -9,9 +9,9 @@ a callback per block; the tier makes one op per thread for a batch, so the batch
 over every thread.
 
 Between two blocks an op yields its CPU (:func:`~.syscalls.yield_cpu`): with as many copying
-threads as CPUs, the event loop would otherwise wait for a CPU until the kernel's next tick
-(4 ms at HZ=250 on a kernel built without preemption, as the benchmark machine's); after a
-yield it waits at most one block's copy.
+threads as CPUs, the event loop could otherwise wait for a CPU until the kernel's next tick (a
+kernel built without preemption switches no sooner); after a yield it waits at most one
+block's copy.
 """
 
 from __future__ import annotations

@@ -50,9 +50,7 @@ class NowaitProbe:
     (or advised together when scattered). A cold stream gains nothing from probing, a probe of
     pages the kernel is still reading in can wait behind the readahead's own requests as long as
     a blocking read would, and any read out of the stream's order (a probe ahead of it, a second
-    thread) resets the kernel's readahead for the file: measured, a cold 256 MiB stream moved
-    0.8-2 GB/s probed or split over two threads, 1.7-2.1 GB/s read as one stream (2.2 GB/s for a
-    plain sequential read).
+    thread) resets the kernel's readahead for the file (figures in ``docs/ssd.md``).
     """
 
     rest = 0.1
