@@ -289,23 +289,33 @@ def _loop_lag_cases(cases: list[Any]) -> list[Any]:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from .tiers.ssd import scan_directory
+    from .tiers.ssd import inspect_directory
 
-    info = scan_directory(args.path)
-    rows = {
+    info = inspect_directory(args.path)
+    last = info.last_start
+    rows: dict[str, Any] = {
+        "format": info.format,
+        "block size": info.block_size,
+        "slot size": info.slot_size,
+        "slot files": info.files,
+        "slots": info.slots,
         "blocks": info.blocks,
-        "bytes": info.bytes,
-        "temporaries": info.temporaries,
-        "torn files": info.torn,
+        "bytes": info.bytes_used,
+        "free slots": info.free_slots,
+        "file bytes": info.file_bytes,
+        "allocated bytes": info.allocated_bytes,
+        "index from": info.source,
+        "torn slots": info.torn,
         "duplicates": info.duplicates,
-        "foreign files": info.foreign,
-        "scan seconds": round(info.seconds, 3),
+        "last start": None if last is None else last.get("after"),
+        "last start seconds": None if last is None else round(last.get("seconds", 0.0), 3),
+        "last start us/block": None if last is None else round(last.get("per_block_us", 0.0), 2),
     }
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps({k.replace(" ", "_").replace("/", "_per_"): v for k, v in rows.items()}))
     else:
         for k, v in rows.items():
-            print(f"{k:14} {v}")
+            print(f"{k:20} {'-' if v is None else v}")
     return 0
 
 
@@ -357,7 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     bench.set_defaults(fn=_bench)
 
-    inspect = sub.add_parser("inspect", help="summarise an SSD tier directory (read-only)")
+    inspect = sub.add_parser(
+        "inspect", help="summarise an SSD tier directory, format 2 (read-only)"
+    )
     inspect.add_argument("path")
     inspect.add_argument("--json", action="store_true")
     inspect.set_defaults(fn=_inspect)

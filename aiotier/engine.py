@@ -219,8 +219,10 @@ class TieringEngine:
     async def open(self) -> None:
         """Open every tier (in order) and start the background writers.
 
-        A tier's ``open`` may rebuild an index (an SSD directory), so it gets ``open_timeout``
-        rather than ``io_timeout``; a tier that fails to open is an error for the caller.
+        Each tier learns the primary's block size just before it opens
+        (``configure_block_size``). A tier's ``open`` may rebuild an index (an SSD directory),
+        so it gets ``open_timeout`` rather than ``io_timeout``; a tier that fails to open is an
+        error for the caller.
         """
         if self._core.closed:
             raise TieringError("this engine was closed; create a new one")
@@ -229,6 +231,7 @@ class TieringEngine:
         opened: list[SecondaryTier] = []
         try:
             for t in self.tiers:
+                t.configure_block_size(self.primary.block_size)
                 try:
                     async with asyncio.timeout(self.open_timeout):
                         await t.open()

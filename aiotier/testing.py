@@ -168,6 +168,9 @@ class FaultyTier(SecondaryTier):
         super().configure_evictions(hand_over=hand_over)
         self.inner.configure_evictions(hand_over=hand_over)
 
+    def configure_block_size(self, block_size: int) -> None:
+        self.inner.configure_block_size(block_size)
+
     @property
     def available(self) -> bool | None:
         return self.inner.available

@@ -27,6 +27,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--loop", choices=LOOPS, default=os.environ.get("AIOTIER_TEST_LOOP") or "asyncio",
         help="the event loop the tests run on (default: $AIOTIER_TEST_LOOP or asyncio)",
     )  # fmt: skip
+    parser.addoption(
+        "--run-slow", action="store_true", help="also run the tests marked slow (long variants)"
+    )
 
 
 class _UvloopFactories:
@@ -54,6 +57,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str:
     return f"event loop: {config.getoption('--loop')}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="a long variant: run with --run-slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

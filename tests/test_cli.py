@@ -41,7 +41,15 @@ def test_demo_prints_a_summary_and_writes_json(tmp_path: Path) -> None:
     # the SSD directory given on the command line is kept, and inspect reads it
     inspect = run("-m", "aiotier", "inspect", str(tmp_path / "ssd"), "--json")
     assert inspect.returncode == 0, inspect.stderr
-    assert json.loads(inspect.stdout)["torn files"] == 0
+    summary = json.loads(inspect.stdout)
+    assert summary["format"] == 2
+    assert summary["torn_slots"] == 0
+    assert summary["index_from"] == "checkpoint"  # the demo closed its tiers cleanly
+    assert summary["blocks"] + summary["free_slots"] == summary["slots"] > 0
+    assert summary["allocated_bytes"] >= summary["file_bytes"] == summary["slots"] * summary[
+        "slot_size"
+    ]
+    assert summary["last_start"] in ("new", "clean", "crash")
 
 
 @pytest.mark.parametrize(

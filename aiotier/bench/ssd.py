@@ -1,24 +1,27 @@
 """``ssd_promote`` / ``ssd_demote`` / ``ssd_open``: the SSD tier against a floor and peers.
 
 ``ssd_promote`` moves N blocks from an :class:`~aiotier.tiers.SSDTier` into the primary arena,
-requested as a scheduler does (``lookup_prefix`` of 64 keys, then ``wait``; until the engine
-exists, the tier's own ``read_many_into``), every block verified. The floor is the fastest simple
-thing that moves the same bytes: a synchronous ``open`` + ``os.preadv`` + ``close`` of the same
-files into one reused, page-aligned buffer (a ``bytearray`` sits 16 bytes past a page boundary,
-which makes the kernel copy ~4x slower through 4K aliasing and would flatter us). The peers are
-``diskcache.Cache.get`` of the same values and naive aiofiles (``async with aiofiles.open`` +
-``read`` per file, 64 files gathered at once: three thread hops per file). Warm and cold (pages
-dropped with ``posix_fadvise(DONTNEED)`` before each round of every contender). Two more
-figures bound what is possible: ``sync_same_work`` (the tier's work — header and payload into
-64 arena slots, xxh3 — done synchronously) and ``same_work_all_cpus`` (that work split over one
-thread per CPU with the event loop idle: the copy's own ceiling on the machine).
+requested as a scheduler does (``lookup_prefix`` of 64 keys, then ``wait``), every block
+verified. The floor is the simplest synchronous code moving the same bytes the same way: one
+``os.preadv`` per block of its slot's header and payload, from the already-open slot files
+into 64 slots of an arena like the engine's, no checks. The peers are ``diskcache.Cache.get``
+of the same values and naive aiofiles (``aiofiles.open`` + ``seek`` + ``read`` + close per
+block, 64 gathered at once). Warm and cold (pages dropped with ``posix_fadvise(DONTNEED)``
+before each round of every contender). Two more figures bound what is possible:
+``sync_same_work`` (the tier's whole work — the same ``preadv`` and the slot check, one xxh3 —
+done synchronously) and ``same_work_all_cpus`` (that work split over one thread per CPU with
+the event loop idle: the machine's own ceiling for it).
 
-``ssd_demote`` writes N evicted blocks down: the engine's write-back (``put`` into a primary that
-holds 64 blocks, then ``flush``) when the engine exists, the tier's ``write_many`` otherwise;
-floor: a synchronous temp-file write + rename of the same bytes; peer: ``diskcache.Cache.set``.
+``ssd_demote`` writes N evicted blocks down: the engine's write-back (``put`` into a primary
+that holds 64 blocks, in steps of 64 puts with the loop free between them, then ``flush``), the
+backlog bound high enough that every evicted block is written (the figure is the bytes that
+reached the tier); floor: the same slot writes done synchronously (header encoded with its
+xxh3, payload then header ``pwritev``-ed into a preallocated file); peer:
+``diskcache.Cache.set``.
 
-``ssd_open``: the index rebuild of ``SSDTier.open()`` over N files (restart time), and the cost
-of the checksum on the promotion path. Rounds alternate contenders; figures are medians.
+``ssd_open``: ``SSDTier.open()`` over N blocks after a clean close (the checkpoint) and after a
+crash (no checkpoint: the header scan), in µs per block, and the checksum's cost. Rounds
+alternate contenders; figures are medians.
 """
 
 from __future__ import annotations
@@ -26,13 +29,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import mmap
 import os
 import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -40,7 +42,9 @@ import aiofiles
 import xxhash
 
 from .. import LookupResult, PrimaryTier, SSDTier, TieringEngine
-from ..tiers.framing import HEADER
+from .._core.arena import Arena
+from ..tiers._ssd.layout import Geometry
+from ..tiers._ssd.slot import HEAD_SIZE, check_slot, encode_head
 from .common import Case, LoopLagTicker, Measure, alternate, note_missing
 
 __all__ = ["CASES", "main", "run"]
@@ -77,6 +81,10 @@ def _all_files(root: str) -> list[str]:
     for dirpath, _dirs, files in os.walk(root):
         out.extend(os.path.join(dirpath, f) for f in files)
     return out
+
+
+def _slot_files(root: str) -> list[str]:
+    return sorted(os.path.join(root, f) for f in os.listdir(root) if f.startswith("slots-"))
 
 
 def _sync_files(paths: list[str]) -> None:
@@ -132,10 +140,11 @@ async def _promote_cases(
     total = blocks * block_size
     tier_dir = os.path.join(root, f"tier-{block_size}")
     dc_dir = os.path.join(root, f"diskcache-{block_size}")
-    tier = SSDTier(tier_dir, 2 * total + 64 * MiB, io_threads=io_threads)
+    tier = SSDTier(tier_dir, 2 * total + 64 * MiB, io_threads=io_threads, block_size=block_size)
     await tier.open()
     cache = None if diskcache is None else diskcache.Cache(dc_dir, size_limit=4 * total)
     same_work_pool = ThreadPoolExecutor(max(2, os.cpu_count() or 2))
+    fds: dict[str, int] = {}
     try:
         for i in range(0, blocks, BATCH):
             items = list(zip(keys[i : i + BATCH], values[i : i + BATCH], strict=True))
@@ -145,41 +154,38 @@ async def _promote_cases(
         if cache is not None:
             for k, v in zip(keys, values, strict=True):
                 cache.set(k, v)
-        tier_files = [os.path.join(tier_dir, p) for p in _tier_paths(tier, keys, block_size)]
+        tier_files = _slot_files(tier_dir)
         dc_files = _all_files(dc_dir) if cache is not None else []
         _sync_files(tier_files + dc_files)
-        floor_buf = mmap.mmap(-1, block_size + 4096)  # page-aligned: the fastest simple target
-        floor_view = memoryview(floor_buf)
+        # Where each block is: its slot file (opened once, as the tier's are) and offset.
+        where = [tier.locate(k) for k in keys]
+        fds = {p: os.open(p, os.O_RDONLY) for p in tier_files}
+        slot_fd = [fds[w[0]] for w in where if w is not None]
+        slot_off = [w[1] for w in where if w is not None]
+        seqs = [tier.index.seq[tier.index.lru[k]] for k in keys]
+        if len(slot_fd) != blocks:
+            raise RuntimeError("a benchmark block is missing from the tier")
+        head_lens = [HEAD_SIZE + len(k) for k in keys]
+        # 64 slots of an arena like the engine's primary (a bytearray cut in block_size slots)
+        slots = Arena(BATCH, block_size).slot_views(list(range(BATCH)))
 
         def floor_round_sync() -> float:
             t0 = time.perf_counter()
-            for p in tier_files:
-                fd = os.open(p, os.O_RDONLY)
-                try:
-                    os.preadv(fd, [floor_view], 0)
-                finally:
-                    os.close(fd)
+            for i in range(blocks):
+                head = bytearray(head_lens[i])
+                os.preadv(slot_fd[i], [head, slots[i % BATCH]], slot_off[i])
             return total / (time.perf_counter() - t0) / 1e9
 
         async def floor_round() -> float:
             return floor_round_sync()
 
-        # The same work as the tier, done synchronously: into 64 distinct slots of a bytearray
-        # arena (as the engine's), header and payload in one preadv, xxh3 verified.
-        arena = memoryview(bytearray(BATCH * block_size))
-        slots = [arena[i * block_size : (i + 1) * block_size] for i in range(BATCH)]
-        hdr_lens = [HEADER.size + len(k) for k in keys]
-
+        # The tier's whole work done synchronously: the same preadv, then the slot check.
         def same_work_part(part: range) -> None:
             for i in part:
-                hdr = bytearray(hdr_lens[i])
-                fd = os.open(tier_files[i], os.O_RDONLY)
-                try:
-                    os.preadv(fd, [hdr, slots[i % BATCH]], 0)
-                finally:
-                    os.close(fd)
-                if xxhash.xxh3_64_intdigest(slots[i % BATCH]) != HEADER.unpack_from(hdr)[5]:
-                    raise RuntimeError("checksum mismatch")
+                head = bytearray(head_lens[i])
+                view = slots[i % BATCH]
+                os.preadv(slot_fd[i], [head, view], slot_off[i])
+                check_slot(head, keys[i], seqs[i], view)
 
         async def same_work_round() -> float:
             t0 = time.perf_counter()
@@ -206,14 +212,16 @@ async def _promote_cases(
                     raise RuntimeError("diskcache lost a value")
             return total / (time.perf_counter() - t0) / 1e9
 
-        async def naive_read(p: str) -> int:
-            async with aiofiles.open(p, "rb") as f:
-                return len(await f.read())
+        async def naive_read(i: int) -> int:
+            path, off = where[i] or ("", 0)
+            async with aiofiles.open(path, "rb") as f:
+                await f.seek(off)
+                return len(await f.read(head_lens[i] + block_size))
 
         async def naive_round() -> float:
             t0 = time.perf_counter()
             for i in range(0, blocks, BATCH):
-                await asyncio.gather(*(naive_read(p) for p in tier_files[i : i + BATCH]))
+                await asyncio.gather(*(naive_read(j) for j in range(i, min(blocks, i + BATCH))))
             return total / (time.perf_counter() - t0) / 1e9
 
         out: list[Case] = []
@@ -261,7 +269,8 @@ async def _promote_cases(
                         True,
                         figures["aiotier"],
                         floor=Measure(
-                            "sync open+os.preadv+close, one reused buffer", figures["floor"]
+                            "sync os.preadv of each slot (header+payload) into 64 arena slots",
+                            figures["floor"],
                         ),
                         peer=(
                             Measure("diskcache.Cache.get", figures["diskcache"])
@@ -286,6 +295,8 @@ async def _promote_cases(
         return out
     finally:
         same_work_pool.shutdown()
+        for fd in fds.values():
+            os.close(fd)
         if cache is not None:
             cache.close()
         await tier.aclose()
@@ -293,29 +304,24 @@ async def _promote_cases(
         shutil.rmtree(dc_dir, ignore_errors=True)
 
 
-def _tier_paths(tier: SSDTier, keys: list[bytes], block_size: int) -> Iterator[str]:
-    from ..tiers.framing import frame_size
-    from ..tiers.ssd import block_relpath, key_digest
-
-    for k in keys:
-        yield block_relpath(key_digest(k), frame_size(k, block_size))
-
-
 async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> Case:
     diskcache = _diskcache("ssd_demote")
     payload = os.urandom(block_size)
     total = blocks * block_size
     tier_dir = os.path.join(root, f"demote-tier-{block_size}")
-    floor_dir = os.path.join(root, f"demote-floor-{block_size}")
+    floor_path = os.path.join(root, f"demote-floor-{block_size}")
     dc_dir = os.path.join(root, f"demote-diskcache-{block_size}")
-    os.makedirs(floor_dir, exist_ok=True)
-    tier = SSDTier(tier_dir, (rounds + 2) * (total + blocks * 256) + 64 * MiB)
+    slot_size = Geometry.slot_size_for(block_size)
+    # Room for two rounds: from the third on, every write evicts one (a full cache's life).
+    tier = SSDTier(tier_dir, 2 * blocks * slot_size)
     cache = (
         None
         if diskcache is None
         else diskcache.Cache(dc_dir, size_limit=(rounds + 2) * total * 2)
     )
     counter = {"aiotier": 0, "floor": 0, "diskcache": 0, "tier": 0}
+    floor_fd = os.open(floor_path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.posix_fallocate(floor_fd, 0, blocks * slot_size)
 
     def round_items(name: str) -> list[tuple[bytes, bytes]]:
         counter[name] += 1
@@ -323,20 +329,39 @@ async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> 
         keys = [f"{name}-{r}-{i}".encode() for i in range(blocks)]
         return [(k, k[-8:].rjust(8, b"-") + payload[8:]) for k in keys]
 
-    engine = TieringEngine(PrimaryTier(BATCH, block_size), [tier], write_policy="write_back")
+    # The write-back backlog may hold a whole round: every evicted block is written (a smaller
+    # bound drops what a burst of puts evicts faster than the tier writes, and counts it).
+    engine = TieringEngine(
+        PrimaryTier(BATCH, block_size),
+        [tier],
+        write_policy="write_back",
+        max_pending_write_bytes=2 * total,
+    )
     await engine.open()
     try:
 
         async def aiotier_round() -> float:
             items = round_items("aiotier")
+            written = engine.stats().counters.get(("write_bytes", tier.name), 0)
             t0 = time.perf_counter()
-            for k, v in items:
+            for i, (k, v) in enumerate(items, 1):
                 if not await engine.put(k, v):
                     raise RuntimeError("put failed")
+                if i % BATCH == 0:  # a scheduler step: the writer runs between steps
+                    await asyncio.sleep(0)
             await engine.flush(timeout=120.0)
-            return total / (time.perf_counter() - t0) / 1e9
+            elapsed = time.perf_counter() - t0
+            counters = engine.stats().counters
+            if counters.get(("tier_errors", tier.name, "write"), 0):
+                raise RuntimeError("a demotion was dropped or failed")
+            # every block but the primary's last BATCH went down in this round
+            down = counters.get(("write_bytes", tier.name), 0) - written
+            if down < (blocks - BATCH) * block_size:
+                raise RuntimeError(f"only {down} bytes reached the tier")
+            return down / elapsed / 1e9
 
         async def tier_round() -> float:
+            # The tier alone: its write_many of 64-block batches (what the engine's writer calls).
             items = round_items("tier")
             t0 = time.perf_counter()
             for i in range(0, blocks, BATCH):
@@ -346,17 +371,14 @@ async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> 
             return total / (time.perf_counter() - t0) / 1e9
 
         async def floor_round() -> float:
+            # The same slot writes, synchronously: header encoded (xxh3 of the payload), then
+            # payload and header written at the slot's offset of a preallocated file.
             items = round_items("floor")
             t0 = time.perf_counter()
-            for k, v in items:
-                name = os.path.join(floor_dir, k.decode())
-                tmp = name + ".tmp"
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                try:
-                    os.write(fd, v)
-                finally:
-                    os.close(fd)
-                os.rename(tmp, name)
+            for i, (k, v) in enumerate(items):
+                head = encode_head(k, i + 1, v)
+                os.pwritev(floor_fd, [v], i * slot_size + len(head))
+                os.pwrite(floor_fd, head, i * slot_size)
             return total / (time.perf_counter() - t0) / 1e9
 
         async def diskcache_round() -> float:
@@ -382,45 +404,62 @@ async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> 
                 "blocks": blocks,
                 "rounds": rounds,
                 "fsync": False,
-                "via": "engine put into a 64-block primary (write_back), then flush",
+                "via": "engine put into a 64-block primary (write_back), steps of 64 puts, "
+                "then flush; every evicted block written",
             },
             "GB/s",
             True,
             figures["aiotier"],
-            floor=Measure("sync write+rename", figures["floor"]),
+            floor=Measure("sync pwritev of each slot (payload, then header)", figures["floor"]),
             peer=(
                 Measure("diskcache.Cache.set", figures["diskcache"])
                 if "diskcache" in figures
                 else None
             ),
-            extra={"tier_write_many": figures["tier"]},
+            extra={
+                "tier_write_many": figures["tier"],
+                "tier_write_many_over_floor": figures["tier"] / figures["floor"],
+                "evictions": tier.evictions,
+            },
         )
     finally:
         await engine.aclose(flush=False)
+        os.close(floor_fd)
         if cache is not None:
             cache.close()
-        for d in (tier_dir, floor_dir, dc_dir):
-            shutil.rmtree(d, ignore_errors=True)
+        shutil.rmtree(tier_dir, ignore_errors=True)
+        shutil.rmtree(dc_dir, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(floor_path)
 
 
-async def _open_case(root: str, blocks: int) -> Case:
-    """Restart time: ``SSDTier.open()`` over ``blocks`` files, and the checksum's cost."""
+async def _open_cases(root: str, blocks: int) -> list[Case]:
+    """Restart time at ``blocks`` blocks: ``SSDTier.open()`` after a clean close (checkpoint)
+    and after a crash (no checkpoint: the header scan), and the checksum's cost."""
     path = os.path.join(root, "open")
-    payload = os.urandom(4 * KiB)
-    async with SSDTier(path, 1 << 40) as tier:
+    payload_len = 4 * KiB
+    payload = os.urandom(payload_len)
+    slot_size = Geometry.slot_size_for(payload_len)
+    capacity = blocks * slot_size
+    async with SSDTier(path, capacity, block_size=payload_len) as tier:
         for i in range(0, blocks, 256):
             items = [(f"o{j}".encode(), payload) for j in range(i, min(blocks, i + 256))]
             errors = await tier.write_many(items)
             if any(errors):
                 raise RuntimeError(f"write failed: {errors[:3]!r}")
-    samples = []
+    checkpoint = os.path.join(path, "checkpoint")
+    samples: dict[str, list[float]] = {"clean": [], "crash": []}
     for _ in range(3):
-        tier = SSDTier(path, 1 << 40)
-        t0 = time.perf_counter()
-        await tier.open()
-        samples.append(time.perf_counter() - t0)
-        assert tier.usage().blocks == blocks
-        await tier.aclose()
+        for after in ("clean", "crash"):
+            if after == "crash":
+                os.unlink(checkpoint)  # what a killed process leaves: slots, no checkpoint
+            tier = SSDTier(path, capacity)
+            t0 = time.perf_counter()
+            await tier.open()
+            samples[after].append(time.perf_counter() - t0)
+            assert tier.last_start is not None and tier.last_start.after == after
+            assert tier.usage().blocks == blocks
+            await tier.aclose()
     shutil.rmtree(path, ignore_errors=True)
     checksum = {}
     for size in (256 * KiB, MiB):
@@ -432,14 +471,24 @@ async def _open_case(root: str, blocks: int) -> Case:
         el = time.perf_counter() - t0
         checksum[f"xxh3_us_per_{size // KiB}KiB"] = el / n * 1e6
         checksum["xxh3_GBps"] = n * size / el / 1e9
-    return Case(
-        "ssd_open",
-        {"blocks": blocks, "payload": 4 * KiB, "rounds": 3},
-        "s",
-        False,
-        statistics.median(samples),
-        extra={"per_block_us": statistics.median(samples) / blocks * 1e6, **checksum},
-    )
+    out = []
+    for after, target in (("clean", 3.0), ("crash", 10.0)):
+        seconds = statistics.median(samples[after])
+        out.append(
+            Case(
+                "ssd_open",
+                {"blocks": blocks, "after": after, "payload": payload_len, "rounds": 3},
+                "us/block",
+                False,
+                seconds / blocks * 1e6,
+                extra={
+                    "seconds": seconds,
+                    "target_us_per_block": target,
+                    **(checksum if after == "crash" else {}),
+                },
+            )
+        )
+    return out
 
 
 async def run(
@@ -453,7 +502,8 @@ async def run(
     rounds = 2 if quick else 7
     # The promotion runs need at least two batches of 64 (the primary holds one).
     promote = [(256 * KiB, 128 if quick else 1024), (MiB, 128 if quick else 512)]
-    demote = [(256 * KiB, 32 if quick else 1024), (MiB, 16 if quick else 256)]
+    # more blocks than the primary holds (64): the rest is demoted
+    demote = [(256 * KiB, 128 if quick else 1024), (MiB, 96 if quick else 256)]
     try:
         out: list[Case] = []
         if "ssd_promote" in wanted:
@@ -463,7 +513,7 @@ async def run(
             for block_size, blocks in demote:
                 out.append(await _demote_case(root, block_size, blocks, rounds))
         if "ssd_open" in wanted:
-            out.append(await _open_case(root, 2_000 if quick else 100_000))
+            out += await _open_cases(root, 2_000 if quick else 100_000)
         return out
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -14,11 +14,17 @@ __all__ = ["SecondaryTier", "TierUsage"]
 
 @dataclass(frozen=True, slots=True)
 class TierUsage:
-    """How full a tier is. ``capacity_bytes`` is ``None`` for tiers without a local budget."""
+    """How full a tier is. ``capacity_bytes`` is ``None`` for tiers without a local budget.
+
+    ``started`` says how the tier last opened, for tiers that keep blocks across restarts and
+    can tell (the SSD tier: ``"new"``, ``"clean"`` after a clean close, ``"crash"`` after
+    anything else); ``None`` otherwise.
+    """
 
     blocks: int
     bytes_used: int
     capacity_bytes: int | None
+    started: str | None = None
 
 
 def _default_name(cls: type) -> str:
@@ -82,6 +88,15 @@ class SecondaryTier(ABC):
         """
         self.handover_evicted = hand_over
         self.report_evicted = not hand_over
+
+    def configure_block_size(self, block_size: int) -> None:  # noqa: B027 - optional hook
+        """Called by the engine before :meth:`open`: the size of its blocks (the primary's
+        ``block_size``; no block written to this tier is longer).
+
+        A tier that lays blocks out by size (fixed-size slots) sizes them here; others need not
+        implement it. Raise :class:`~aiotier.errors.ConfigError` for a size the tier cannot
+        hold. A wrapper tier forwards the call to the tier it wraps.
+        """
 
     # -- lifecycle -----------------------------------------------------------------------------
 

@@ -1,340 +1,70 @@
-"""A secondary tier on a local disk: one checksummed file per block, bounded, crash-safe.
+"""A secondary tier on a local disk: fixed-size slots in a few preallocated files (format 2).
 
-Layout under ``path`` (see ``docs/ssd.md``)::
+Layout under ``path`` (``docs/ssd.md``; names in ``_ssd/layout.py``)::
 
-    aiotier-ssd            marker: "aiotier-ssd <format>"; refuses foreign, non-empty dirs
-    lock                   flock(LOCK_EX) held while a tier has the directory open
-    recency                LRU order (digests) saved by a clean close, consumed by the next open
-    00/ .. ff/             256 shards, by the first byte of the key's digest
-      <digest>-<size>.blk  one block: the shared frame (header, key, payload), ``size`` in hex
-      .tmp-<digest>-<n>    a write in progress; renamed into place when complete
+    aiotier-ssd      marker: "aiotier-ssd 2" and the slot geometry; refuses foreign dirs
+    lock             flock(LOCK_EX) held while a tier has the directory open
+    slots-0000 ...   slot files, every byte reserved at open(): a header, the key, the block
+    checkpoint       the index at the last clean close, consumed by the next open()
 
-The file name is ``blake2b-128(key)``, so no key can name a path outside ``path``, and carries
-the frame's total size, so a restart can spot a torn file with a ``stat`` and never has to open
-one. The index lives in memory, keyed by digest; a restart rebuilds it from names and mtimes
-(writes stamp strictly increasing mtimes), refined by the ``recency`` file after a clean close.
+The tier learns its block size from the engine when it opens
+(:meth:`~aiotier.tiers.base.SecondaryTier.configure_block_size`), or from ``block_size=`` when
+used on its own, or from the directory it reopens. Each slot holds one block; its header
+(``_ssd/slot.py``) carries the key, a write sequence number and checksums, and every read
+checks that it found the very write of the very key the index points at.
 
-Every file operation runs on the tier's own thread pool, through ``aiofiles.os.wrap`` of whole
-operations: a read is open + ``preadv`` straight into the caller's buffer + verify + close in
-one thread hop. Operations queued in the same loop iteration share hops (one hop carries many
-blocks), and at most ``io_threads`` hops are in flight.
-
-This module keeps what decides: the index and budget, the hand-over of evicted blocks, the
-start-up scan and the directory lock. What runs on the threads is in ``tiers/_ssd``: the hop
-runner (``hops``), the ops it runs (``ops``) and their system calls (``syscalls``).
+This module is the shell: it asks the sans-IO index (``_ssd/index.py``: which slot to read,
+which to write and what that evicts, which to clear) and performs its plans on the tier's
+threads through the hop runner (``_ssd/hops.py``), all file work in ``aiofiles.os.wrap``-ed
+functions, never on the event loop. A batch is one op per thread (``_ssd/ops.py``), so a
+64-block promotion costs the loop a few list appends per block and a couple of futures.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
+import asyncio
 import logging
 import os
-import stat
-import struct
-import time
 from collections import deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Final
 
-from .._core.budget import ByteBudgetLRU
 from .._types import MAX_KEY_BYTES, LookupResult, normalize_key
 from ..errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
-from ._ssd.hops import HopRunner
-from ._ssd.layout import (
-    LOCK_NAME,
-    MARKER_NAME,
-    MARKER_TEXT,
-    RECENCY_NAME,
-    SHARDS,
-    TMP_PREFIX,
-    block_relpath,
-    key_digest,
-    parse_block_name,
-)
-from ._ssd.ops import BlockFiles, ReadOp, UnlinkOp, WriteOp
-from ._ssd.syscalls import O_CLOEXEC, unlink_quiet
+from ._ssd.checkpoint import write_checkpoint
+from ._ssd.directory import SlotFiles, open_directory
+from ._ssd.handover import Handover
+from ._ssd.hops import CANCEL_GRACE, HOP_MAX_BYTES, HOP_MAX_OPS, HopRunner
+from ._ssd.index import SSDIndex
+from ._ssd.inspection import SSDInspection, inspect_directory
+from ._ssd.ops import SlotClears, SlotReads, SlotWrites
+from ._ssd.reads import ReadBatch
+from ._ssd.startup import SSDStart
 from ._ssd.turns import KeyTurns
 from .base import SecondaryTier, TierUsage
-from .framing import HEADER, block_digest, checksum, frame_size
 
-__all__ = ["SSDScan", "SSDTier", "block_relpath", "key_digest", "scan_directory"]
+__all__ = ["SSDInspection", "SSDStart", "SSDTier", "inspect_directory"]
 
 log = logging.getLogger("aiotier.ssd")
 
-_RECENCY_HEAD: Final = struct.Struct("<4sBQQ")  # magic, version, count, xxh3 of the digests
-_RECENCY_MAGIC: Final = b"ATRC"
 #: Evicted keys kept for removed events before the oldest are dropped (engine not taking).
 _EVICTED_KEYS_MAX: Final = 1 << 16
-#: Evicted blocks kept for the tier below before the oldest are dropped (engine not taking).
-_HANDOVER_MAX_BYTES: Final = 256 << 20
+#: A batch smaller than this stays on one thread: a hop costs more than it would save.
+_SPLIT_BYTES: Final = 512 << 10
 
-
-# -- start-up scan ------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class SSDScan:
-    """What a scan of a tier directory found (and, when repairing, removed)."""
-
-    blocks: int = 0
-    bytes: int = 0
-    temporaries: int = 0
-    torn: int = 0
-    duplicates: int = 0
-    evicted: int = 0
-    foreign: int = 0
-    newest_mtime_ns: int = 0
-    seconds: float = 0.0
-
-
-def _read_recency(root: str, *, consume: bool) -> tuple[list[bytes], int]:
-    """Digests in LRU order as saved by the last clean close (oldest first), and the file's
-    mtime; ``([], 0)`` when there is none or it does not verify.
-
-    The file is removed when consumed, so after a crash the order falls back to file mtimes.
-    """
-    path = os.path.join(root, RECENCY_NAME)
-    try:
-        with open(path, "rb") as f:
-            blob = f.read()
-            mtime = os.fstat(f.fileno()).st_mtime_ns
-    except FileNotFoundError:
-        return [], 0
-    finally:
-        if consume:
-            unlink_quiet(path)
-    if len(blob) < _RECENCY_HEAD.size:
-        return [], 0
-    magic, version, count, digest = _RECENCY_HEAD.unpack_from(blob)
-    body = memoryview(blob)[_RECENCY_HEAD.size :]
-    if magic != _RECENCY_MAGIC or version != 1 or len(body) != 16 * count:
-        return [], 0
-    if checksum(body) != digest:
-        return [], 0
-    return [bytes(body[i : i + 16]) for i in range(0, len(body), 16)], mtime
-
-
-def _write_recency(root: str, digests: list[bytes]) -> None:
-    body = b"".join(digests)
-    head = _RECENCY_HEAD.pack(_RECENCY_MAGIC, 1, len(digests), checksum(body))
-    tmp = os.path.join(root, TMP_PREFIX + RECENCY_NAME)
-    with open(tmp, "wb") as f:
-        f.write(head)
-        f.write(body)
-    os.replace(tmp, os.path.join(root, RECENCY_NAME))
-
-
-def _index_directory(
-    root: str, capacity: int | None, *, repair: bool
-) -> tuple[SSDScan, ByteBudgetLRU | None, list[str]]:
-    """Index the block files under ``root`` by recency. With ``repair`` (``SSDTier.open``),
-    remove temporaries, torn files, stale duplicates and blocks over the budget; without
-    (``scan_directory``), change nothing.
-
-    One ``stat`` per file and no open: its size against the size in its name finds torn files,
-    its mtime gives recency (refined by the ``recency`` file of a clean close). With
-    ``capacity``, least-recent blocks are evicted down to the budget. Returns the scan figures,
-    the rebuilt budget (with ``capacity``) and the evicted files' paths.
-    """
-    t0 = time.perf_counter()
-    info = SSDScan()
-    saved, saved_mtime = _read_recency(root, consume=repair)
-    rank = dict.fromkeys(saved)
-    found: dict[bytes, tuple[int, int]] = {}  # digest -> (mtime_ns, size)
-    newest = saved_mtime
-    for shard in SHARDS:
-        try:
-            it = os.scandir(os.path.join(root, shard))
-        except FileNotFoundError:
-            continue
-        with it:
-            for entry in it:
-                name = entry.name
-                if name.startswith(TMP_PREFIX):
-                    info.temporaries += 1
-                    if repair:
-                        unlink_quiet(entry.path)
-                    continue
-                parsed = parse_block_name(name, shard)
-                if parsed is None:
-                    info.foreign += 1
-                    continue
-                digest, size = parsed
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                if not stat.S_ISREG(st.st_mode):
-                    info.foreign += 1
-                    continue
-                if st.st_size != size or size < HEADER.size:
-                    info.torn += 1
-                    if repair:
-                        unlink_quiet(entry.path)
-                    continue
-                mtime = st.st_mtime_ns
-                newest = max(newest, mtime)
-                prev = found.get(digest)
-                if prev is not None:
-                    # A crash between renaming a resized block into place and unlinking its old
-                    # file leaves two files; the newer one holds the block's latest write.
-                    info.duplicates += 1
-                    if prev[0] <= mtime:
-                        loser = prev[1]
-                        found[digest] = (mtime, size)
-                    else:
-                        loser = size
-                    if repair:
-                        unlink_quiet(os.path.join(root, block_relpath(digest, loser)))
-                    continue
-                found[digest] = (mtime, size)
-    info.newest_mtime_ns = newest
-    # Blocks the recency file does not list go first, by mtime; then its exact LRU order.
-    unlisted = sorted((v[0], d) for d, v in found.items() if d not in rank)
-    order = [d for _m, d in unlisted]
-    order += [d for d in saved if d in found]
-    evicted_paths: list[str] = []
-    budget: ByteBudgetLRU | None = None
-    if capacity is not None:
-        budget = ByteBudgetLRU(capacity)
-        for digest in order:
-            budget.load(digest, found[digest][1])
-        for digest in budget.over_budget():
-            evicted_paths.append(os.path.join(root, block_relpath(digest, found[digest][1])))
-        if repair:
-            for p in evicted_paths:
-                unlink_quiet(p)
-        info.evicted = len(evicted_paths)
-        info.blocks = len(budget)
-        info.bytes = budget.used
-    else:
-        info.blocks = len(found)
-        info.bytes = sum(v[1] for v in found.values())
-    info.seconds = time.perf_counter() - t0
-    return info, budget, evicted_paths
-
-
-def scan_directory(path: str | os.PathLike[str]) -> SSDScan:
-    """Summarise an SSD tier directory without changing it (for ``aiotier inspect``)."""
-    root = os.fspath(path)
-    if not os.path.isdir(root):
-        raise ConfigError(f"{root!r} is not a directory")
-    info, _budget, _evicted = _index_directory(root, None, repair=False)
-    return info
-
-
-def _log_scan(tier_name: str, root: str, scan: SSDScan) -> None:
-    """Say once what opening a directory repaired or left alone."""
-    if scan.temporaries or scan.torn or scan.duplicates or scan.evicted:
-        log.info(
-            "ssd tier %r: removed %d temporaries, %d torn files, %d stale duplicates, "
-            "%d blocks over budget",
-            tier_name,
-            scan.temporaries,
-            scan.torn,
-            scan.duplicates,
-            scan.evicted,
-        )
-    if scan.foreign:
-        log.warning(
-            "ssd tier %r: ignoring %d foreign entries under %s", tier_name, scan.foreign, root
-        )
-
-
-class _OpenResult:
-    __slots__ = ("budget", "lock_fd", "root", "scan")
-
-    def __init__(self, root: str, lock_fd: int, budget: ByteBudgetLRU, scan: SSDScan) -> None:
-        self.root = root
-        self.lock_fd = lock_fd
-        self.budget = budget
-        self.scan = scan
-
-
-def _open_dir(root: str, capacity: int, tier_name: str) -> _OpenResult:
-    """Create/validate the directory, take its lock, rebuild the index (one thread hop)."""
-    root = os.path.abspath(root)
-    where = f"ssd tier {tier_name!r} at {root!r}"
-    if os.path.lexists(root) and not os.path.isdir(root):
-        raise ConfigError(f"{where}: path exists and is not a directory")
-    try:
-        os.makedirs(root, mode=0o700, exist_ok=True)
-    except OSError as exc:
-        raise TierUnavailableError(f"{where}: cannot create the directory: {exc}") from exc
-    marker = os.path.join(root, MARKER_NAME)
-    try:
-        with open(marker, encoding="ascii") as f:
-            text = f.read(64)
-    except FileNotFoundError:
-        text = None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TierUnavailableError(f"{where}: cannot read {MARKER_NAME}: {exc}") from exc
-    if text is None:
-        extra = set(os.listdir(root)) - {LOCK_NAME}
-        if extra:
-            raise ConfigError(
-                f"{where}: directory is not empty and has no {MARKER_NAME} marker; refusing to "
-                f"use it (found e.g. {sorted(extra)[0]!r})"
-            )
-    elif text != MARKER_TEXT:
-        raise TieringError(f"{where}: unsupported on-disk format {text.strip()!r}")
-    try:
-        lock_fd = os.open(os.path.join(root, LOCK_NAME), os.O_RDWR | os.O_CREAT | O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise TierUnavailableError(
-            f"{where}: directory is not writable ({exc.strerror or exc})"
-        ) from exc
-    try:
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            raise TierUnavailableError(
-                f"{where}: directory is locked by another open SSDTier (this or another "
-                f"process); one tier per directory"
-            ) from exc
-        try:
-            if text is None:
-                tmp = os.path.join(root, TMP_PREFIX + MARKER_NAME)
-                with open(tmp, "w", encoding="ascii") as f:
-                    f.write(MARKER_TEXT)
-                os.replace(tmp, marker)
-            for shard in SHARDS:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(os.path.join(root, shard), 0o700)
-            # A read-only or full filesystem shows itself here, not at the first write.
-            probe = os.path.join(root, f"{TMP_PREFIX}probe-{os.getpid()}")
-            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_CLOEXEC, 0o600)
-            os.close(fd)
-            os.unlink(probe)
-        except OSError as exc:
-            raise TierUnavailableError(
-                f"{where}: directory is not writable ({exc.strerror or exc})"
-            ) from exc
-        with contextlib.suppress(FileNotFoundError):  # stale temporaries at the top level
-            for name in os.listdir(root):
-                if name.startswith(TMP_PREFIX):
-                    unlink_quiet(os.path.join(root, name))
-        scan, budget, _evicted = _index_directory(root, capacity, repair=True)
-        assert budget is not None
-        return _OpenResult(root, lock_fd, budget, scan)
-    except BaseException:
-        os.close(lock_fd)
-        raise
-
-
-# -- the tier -----------------------------------------------------------------------------------
+_HIT, _MISS = LookupResult.HIT, LookupResult.MISS
 
 
 class SSDTier(SecondaryTier):
-    """Blocks as checksummed files under ``path``, bounded by ``capacity_bytes`` (LRU).
+    """Blocks in fixed-size slots of a few preallocated files under ``path``, at most
+    ``capacity_bytes`` of slot files (LRU eviction frees slots).
 
-    ``capacity_bytes`` counts whole files (header and key included). ``fsync=True`` makes each
-    completed write durable before it is reported (file and directory fsynced); without it a
-    crash may lose recent writes, never return wrong bytes. ``io_threads`` sizes the tier's own
-    thread pool, which also bounds the thread hops in flight (default: one less than the CPU
-    count, 1 to 4; fewer threads keep the event loop's lag lower, more help on fast disks).
+    ``fsync=True`` makes a completed write durable before it is reported (``fdatasync`` of its
+    file, one per file per batch): such a block survives the process being killed, and a power
+    cut. Without it a crash may lose recent writes, never return wrong bytes. ``io_threads``
+    sizes the tier's thread pool (default: the CPU count, 2 to 4). ``block_size`` is for a tier
+    used without an engine (an engine gives its own); a directory keeps the block size it was
+    created for.
     """
 
     def __init__(
@@ -345,6 +75,7 @@ class SSDTier(SecondaryTier):
         fsync: bool = False,
         name: str = "ssd",
         io_threads: int | None = None,
+        block_size: int | None = None,
     ) -> None:
         super().__init__(name)
         if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int):
@@ -355,34 +86,32 @@ class SSDTier(SecondaryTier):
             io_threads = _default_io_threads()
         if not isinstance(io_threads, int) or isinstance(io_threads, bool) or io_threads < 1:
             raise ConfigError(f"io_threads must be a positive int, got {io_threads!r}")
+        if block_size is not None:
+            _check_block_size(block_size)
         #: The tier's directory; made absolute by :meth:`open` (``abspath`` may ask the OS).
         self.path: str = os.fspath(path)
         self.fsync = bool(fsync)
         self.io_threads = io_threads
         self.capacity_bytes = capacity_bytes
-        self.last_scan: SSDScan | None = None
-        self._budget = ByteBudgetLRU(capacity_bytes)
+        #: The largest block the slots hold: from the engine, the argument or the directory.
+        self.block_size: int | None = block_size
+        #: How the last :meth:`open` went (None before the first).
+        self.last_start: SSDStart | None = None
+        self._index = SSDIndex(0)
+        self._files: SlotFiles | None = None
+        self._fds: list[int] = []
+        self._per_file = 1
+        self._slot_size = 0
         self._runner: HopRunner | None = None
-        self._lock_fd: int | None = None
         self._open = False
         self._closing = False
         self._turns = KeyTurns()
-        self._evicted: deque[tuple[bytes, bytes]] = deque()
+        self._handover = Handover()
         # Keys evicted with nothing handed over, for the engine's removed events (bounded: a
         # tier used without an engine never has them taken).
         self._evicted_keys: deque[bytes] = deque(maxlen=_EVICTED_KEYS_MAX)
-        self._evicted_bytes = 0
-        # A block evicted for the tier below stays findable until the engine has taken it:
-        # first as its file (``_leaving``: digest -> size, while a hop reads then unlinks it),
-        # then as bytes in memory (``_handed``: digest -> payload, until take_evicted()).
-        self._leaving: dict[bytes, int] = {}
-        self._handed: dict[bytes, bytes] = {}
-        self._leaving_readers: dict[bytes, list[ReadOp]] = {}
-        # Bytes the engine took at the last take_evicted(), kept (not advertised) until the next
-        # one for reads already on their way: a lookup answered HIT just before the hand-over.
-        self._handed_taken: dict[bytes, bytes] = {}
-        self._files = BlockFiles(self.path, name, fsync=self.fsync)
-        self._writes = 0
+        # Set when disk work ended: a write that found every slot busy looks again.
+        self._room = asyncio.Event()
 
     def __repr__(self) -> str:
         return f"<SSDTier name={self.name!r} path={self.path!r} capacity={self.capacity_bytes}>"
@@ -394,6 +123,18 @@ class SSDTier(SecondaryTier):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    def configure_block_size(self, block_size: int) -> None:
+        """The engine's block size (called before :meth:`open`); slots are sized for it."""
+        _check_block_size(block_size)
+        if self.block_size is not None and self.block_size != block_size:
+            raise ConfigError(
+                f"ssd tier {self.name!r} at {self.path!r} holds blocks of {self.block_size} "
+                f"bytes; the engine's blocks are {block_size} bytes"
+            )
+        self.block_size = block_size
+
+    # -- seams for tests and tools ------------------------------------------------------------
+
     @property
     def runner(self) -> HopRunner | None:
         """The thread pool and op queue, once opened: a seam for tests and tools, to read
@@ -401,51 +142,75 @@ class SSDTier(SecondaryTier):
         system serves ``RWF_NOWAIT`` reads). Do not submit to it."""
         return self._runner
 
+    @property
+    def index(self) -> SSDIndex:
+        """The index (key -> slot, slot states): a seam for tests and tools, to read."""
+        return self._index
+
+    def locate(self, key: bytes) -> tuple[str, int] | None:
+        """``(slot file path, byte offset)`` of the slot holding ``key``, or None: for tests and
+        tools that look at the files."""
+        slot = self._index.lru.get(_as_key(key))
+        if slot is None or self._files is None:
+            return None
+        f, i = divmod(slot, self._per_file)
+        return self._files.path(f), i * self._slot_size
+
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def open(self) -> None:
-        """Create and lock the directory and rebuild the index from it (one thread hop)."""
+        """Create or check the directory, take its lock, load the index (the checkpoint of a
+        clean close, else a header scan) and reserve the slot files' space (one thread hop)."""
         if self._open:
             return
         runner = HopRunner(self.io_threads, self.name)
         try:
-            res = await runner.call(_open_dir, self.path, self.capacity_bytes, self.name)
+            files, index, start = await runner.call(
+                open_directory, self.path, self.capacity_bytes, self.block_size, self.name
+            )
         except BaseException:
             runner.shutdown()
             raise
+        g = files.geometry
         self._runner = runner
-        self.path = res.root
-        self._lock_fd = res.lock_fd
-        self._budget = res.budget
-        self.last_scan = res.scan
-        self.evictions += res.scan.evicted
-        stamp = max(self._files.last_stamp, res.scan.newest_mtime_ns)
-        self._files = BlockFiles(res.root, self.name, fsync=self.fsync, last_stamp=stamp)
+        self._files = files
+        self._fds = [files.fds[i] for i in range(g.files)]
+        self._per_file, self._slot_size = g.slots_per_file, g.slot_size
+        self.path = files.root
+        self.block_size = g.block_size
+        self._index = index
+        self.last_start = start
+        self._room = asyncio.Event()  # of this loop (a tier may be reopened in another)
         self._closing = False
         self._open = True
-        _log_scan(self.name, res.root, res.scan)
+        log.info("ssd tier %r at %s: %s", self.name, files.root, start.describe())
+        if start.foreign:
+            log.warning(
+                "ssd tier %r: ignoring %d foreign entries under %s",
+                self.name, start.foreign, files.root,
+            )  # fmt: skip
 
     async def aclose(self) -> None:
-        """Let queued and running disk work finish (bounded), release the lock and the threads."""
+        """Let queued and running disk work finish (bounded), save the checkpoint, release the
+        files, the lock and the threads."""
         if not self._open:
             return
         self._closing = True
-        runner = self._runner
-        assert runner is not None
-        await runner.drain()
+        runner, files = self._runner, self._files
+        assert runner is not None and files is not None
+        settled = await runner.drain()
         self._open = False
-        lock_fd, self._lock_fd = self._lock_fd, None
         try:
-            try:
-                await runner.call(_write_recency, self.path, list(self._budget))
-            except OSError as exc:
-                log.warning("ssd tier %r: cannot save the LRU order: %s", self.name, exc)
-            if lock_fd is not None:
-                await runner.call(os.close, lock_fd)
+            if settled:  # else disk work still runs: the next open scans instead
+                try:
+                    await runner.call(write_checkpoint, files.root, files.geometry, self._index)
+                except OSError as exc:
+                    log.warning("ssd tier %r: cannot save the checkpoint: %s", self.name, exc)
+            await runner.call(files.close)
         finally:
             runner.shutdown()
             self._turns.clear()
-            self._handed_taken.clear()
+            self._handover.clear()
 
     def _check_open(self) -> HopRunner:
         """The runner to queue disk work on; ``TierUnavailableError`` unless open."""
@@ -455,342 +220,344 @@ class SSDTier(SecondaryTier):
         assert self._runner is not None
         return self._runner
 
-    # -- reads ---------------------------------------------------------------------------------
+    def _parts(self, n: int, runner: HopRunner) -> int:
+        """Ops to split a batch of ``n`` blocks into: one per thread when it is large enough
+        to pay for the hops, within the hop caps; one while the tier reads from the disk."""
+        nbytes = n * (self.block_size or 0)
+        if runner.nowait.resting:
+            # The tier found the disk a moment ago: one thread reads the batch in file order,
+            # a single stream for the kernel's readahead (a second thread taking every other
+            # block of one file resets it: see NowaitProbe).
+            return max(1, -(-nbytes // HOP_MAX_BYTES))
+        parts = min(runner.threads, n, max(1, nbytes // _SPLIT_BYTES))
+        return max(parts, -(-n // HOP_MAX_OPS), -(-nbytes // HOP_MAX_BYTES))
 
-    def _has(self, digest: bytes) -> bool:
-        return digest in self._budget or digest in self._leaving or digest in self._handed
+    # -- reads ---------------------------------------------------------------------------------
 
     async def lookup(self, key: bytes) -> LookupResult:
         self._check_open()
-        return LookupResult.HIT if self._has(block_digest(_as_key(key))) else LookupResult.MISS
+        key = _as_key(key)
+        return _HIT if key in self._index.lru or key in self._handover else _MISS
 
     async def lookup_many(self, keys: Sequence[bytes]) -> list[LookupResult]:
         self._check_open()
-        has = self._has
-        hit, miss = LookupResult.HIT, LookupResult.MISS
-        return [hit if has(block_digest(_as_key(k))) else miss for k in keys]
+        lru, handover = self._index.lru, self._handover
+        if handover:
+            return [_HIT if (k := _as_key(x)) in lru or k in handover else _MISS for x in keys]
+        return [_HIT if (x if type(x) is bytes else _as_key(x)) in lru else _MISS for x in keys]
 
-    def _copy_handed(self, key: bytes, buf: memoryview) -> int | None:
-        """Serve a block evicted a moment ago from memory (rare: the engine has not taken it)."""
-        digest = block_digest(key)
-        data = self._handed.get(digest)
-        if data is None:
-            data = self._handed_taken.get(digest)
-        if data is None:
-            return None
-        if len(data) > buf.nbytes:
-            raise ValueError(
-                f"ssd tier {self.name!r}: block {key[:64]!r} is {len(data)} bytes, buffer "
-                f"holds {buf.nbytes}"
-            )
-        _byte_view(buf)[: len(data)] = data
-        return len(data)
-
-    def _read_op(self, key: bytes, buf: memoryview) -> ReadOp | None:
+    def contains_hint(self, key: bytes) -> bool | None:
+        """Exact: the index in memory is the truth about what is on disk."""
         key = _as_key(key)
-        digest = block_digest(key)
-        size = self._budget.size_of(digest)
-        if size is None:
-            size = self._leaving.get(digest)
-            if size is None:
-                return None
-        else:
-            self._budget.touch(digest)
-        payload_len = size - HEADER.size - len(key)
-        if payload_len < 0:  # the file cannot hold this key: not a block of this key
-            self._budget.discard(digest)
-            raise BlockCorruptedError(
-                f"ssd tier {self.name!r}: key {key[:64]!r}: block file of {size} bytes cannot "
-                f"hold its header"
-            )
-        if buf.nbytes < payload_len:
-            raise ValueError(
-                f"ssd tier {self.name!r}: block {key[:64]!r} is {payload_len} bytes, buffer "
-                f"holds {buf.nbytes}"
-            )
-        view = _byte_view(buf)[:payload_len]
-        # writes_seen -1: a write of this key is in flight, so a missing file proves nothing
-        seen = -1 if digest in self._turns else self._writes
-        return ReadOp(self._files, key, digest, size, payload_len, view, seen, self._read_finished)
+        return key in self._index.lru or key in self._handover
 
     async def read_into(self, key: bytes, buf: memoryview) -> int:
-        runner = self._check_open()
-        op = self._read_op(key, buf)
-        if op is None:
-            n = None
-            if self._handed or self._handed_taken:
-                n = self._copy_handed(_as_key(key), buf)
-            return -1 if n is None else n
-        result: int = await runner.submit(op, withdrawable=True)
+        result = (await self.read_many_into([key], [buf]))[0]
+        if isinstance(result, Exception):
+            raise result
         return result
 
     async def read_many_into(
         self, keys: Sequence[bytes], bufs: Sequence[memoryview]
     ) -> list[int | Exception]:
-        """Read many blocks; they share thread hops, and one bad block never fails the rest."""
+        """Read many blocks straight into ``bufs``, one op per thread; one bad block never
+        fails the rest."""
         runner = self._check_open()
         if len(keys) != len(bufs):
             raise ValueError(f"{len(keys)} keys but {len(bufs)} buffers")
-        out: list[int | Exception] = [-1] * len(keys)
-        where: list[int] = []
-        ops: list[ReadOp] = []
-        for i, (k, b) in enumerate(zip(keys, bufs, strict=True)):
+        keys = [k if type(k) is bytes else _as_key(k) for k in keys]
+        views = [_byte_view(b) for b in bufs]
+        batch = ReadBatch(
+            self._index, keys, views, self._fds, self._per_file, self._slot_size, self.name
+        )
+        out = batch.out
+        if len(batch):
+            ops = batch.ops(self._parts(len(batch), runner), self._reads_done)
             try:
-                op = self._read_op(k, b)
-                if op is None and (self._handed or self._handed_taken):
-                    n = self._copy_handed(_as_key(k), b)
-                    if n is not None:
-                        out[i] = n
-            except Exception as exc:
-                out[i] = exc
-                continue
-            if op is not None:
-                where.append(i)
-                ops.append(op)
-        if ops:
-            results = await runner.submit_group(ops, withdrawable=True)
-            for i, r in zip(where, results, strict=True):
-                out[i] = r if isinstance(r, int) else _as_exception(r)
+                results = await runner.submit_group(ops, withdrawable=True)
+            except asyncio.CancelledError:
+                for op in ops:
+                    if op.withdrawn:  # never reached a thread: its reads never end there
+                        for slot in op.slots:
+                            self._index.read_ended(slot)
+                raise
+            batch.settle(results)
+        for i in batch.missing:
+            if keys[i] in self._handover:  # evicted a moment ago, on its way down
+                try:
+                    out[i] = await self._read_in_transit(keys[i], views[i])
+                except Exception as exc:
+                    out[i] = exc
         return out
 
-    def _read_finished(self, op: ReadOp, outcome: Any) -> None:
-        if type(outcome) is int and outcome >= 0:
-            op.settle(outcome)  # read and verified (the common case): the index is unchanged
-            return
-        if outcome == -1 and op.digest in self._leaving:
-            # Evicted, and its file already read for the tier below: the bytes arrive in
-            # memory when that write's hop ends (_write_finished settles this read then).
-            self._leaving_readers.setdefault(op.digest, []).append(op)
-            return
-        if outcome == -1 and (op.digest in self._handed or op.digest in self._handed_taken):
-            outcome = self._fill_from_handed(op)  # evicted while we read: from memory
-        if outcome == -1 or isinstance(outcome, BlockCorruptedError):
-            # The file is gone or was dropped: forget it, unless a write started meanwhile
-            # (it may have put a new file under the same name; a later read will tell).
-            if op.writes_seen == self._writes and self._budget.size_of(op.digest) == op.size:
-                self._budget.discard(op.digest)
-        elif isinstance(outcome, OSError):
-            msg = f"ssd tier {self.name!r}: reading block {op.key[:64]!r}: {outcome}"
-            outcome = _unavailable(msg, outcome)
-        op.settle(outcome)
+    def _locate(self, slot: int) -> tuple[int, int]:
+        f, i = divmod(slot, self._per_file)
+        return self._fds[f], i * self._slot_size
+
+    def _reads_done(self, op: SlotReads, outcome: Any) -> None:
+        """On the loop, a read op's outcome: unpin its slots, drop and clear the blocks that
+        did not verify, translate disk errors."""
+        results: list[Any] = (
+            [outcome] * len(op.slots) if isinstance(outcome, BaseException) else outcome
+        )
+        index = self._index
+        clear: list[int] = []
+        try:
+            for j, slot in enumerate(op.slots):
+                r = results[j]
+                if type(r) is not int:
+                    results[j] = self._read_error(op, j, r, clear)
+                index.read_ended(slot)
+            if clear:
+                self._clear(clear)
+            self._room.set()
+        finally:  # whatever happened, the caller gets an answer
+            op.settle(results)
+
+    def _read_error(self, op: SlotReads, j: int, r: BaseException, clear: list[int]) -> Exception:
+        """What the caller sees of a failed read; a block that did not verify leaves the
+        index (and its slot is cleared)."""
+        key, slot = op.keys[j], op.slots[j]
+        if isinstance(r, BlockCorruptedError):
+            s = self._index.read_failed(key, slot, op.seqs[j])
+            if s >= 0:
+                clear.append(s)
+            assert self._files is not None
+            f, i = divmod(slot, self._per_file)
+            where = f"ssd tier {self.name!r} {self._files.path(f)} slot {i}"
+            return BlockCorruptedError(f"{where}: {r}")
+        if isinstance(r, OSError):
+            return _unavailable(f"ssd tier {self.name!r}: reading block {key[:64]!r}", r)
+        return _as_exception(r)
+
+    async def _read_in_transit(self, key: bytes, buf: memoryview) -> int:
+        """A block evicted a moment ago for the tier below: its bytes once read from its slot."""
+        await self._handover.wait(key)
+        data = self._handover.payload(key)
+        if data is None:
+            return -1
+        view = _byte_view(buf)
+        if len(data) > view.nbytes:
+            raise ValueError(
+                f"ssd tier {self.name!r}: block {key[:64]!r} is {len(data)} bytes, buffer "
+                f"holds {view.nbytes}"
+            )
+        view[: len(data)] = data
+        return len(data)
 
     # -- writes --------------------------------------------------------------------------------
 
-    def _admit(self, digest: bytes, size: int) -> list[tuple[bytes, int]]:
-        """Account a new file of ``size`` bytes; return the (digest, size) evicted for it."""
-        victims = self._budget.admit_entries(digest, size)  # fits: checked by _check_write
-        self.evictions += len(victims)
-        return victims
-
-    def _write_op(self, key: bytes, data: bytes | memoryview) -> WriteOp:
-        """Admit one block into the budget and build its write (the digest is already owned)."""
-        view = _byte_view(data)
-        size = frame_size(key, view.nbytes)
-        digest = block_digest(key)
-        old = self._budget.size_of(digest)
-        victims = self._admit(digest, size)
-        self._writes += 1
-        if self._leaving or self._handed:  # a newer write supersedes evicted bytes in transit
-            self._supersede(key, digest)
-        # A victim another op is writing is cleaned up by that op when it finishes.
-        victims = [(d, s) for d, s in victims if d not in self._turns]
-        leaving: list[bytes] = []
-        if self.handover_evicted:
-            for d, s in victims:
-                self._leaving[d] = s
-                leaving.append(d)
-        op = self._files.write(
-            key,
-            digest,
-            size,
-            view,
-            old,
-            victims,
-            handover=self.handover_evicted,
-            done=self._write_finished,
-        )
-        op.leaving = leaving
-        op.report = self.report_evicted and not self.handover_evicted
-        return op
-
-    def _supersede(self, key: bytes, digest: bytes) -> None:
-        """Forget evicted bytes of ``key`` still waiting for the tier below."""
-        self._leaving.pop(digest, None)
-        self._handed_taken.pop(digest, None)
-        if self._handed.pop(digest, None) is not None:
-            kept = [(k, d) for k, d in self._evicted if k != key]
-            self._evicted = deque(kept)
-            self._evicted_bytes = sum(len(d) for _k, d in kept)
-
-    def _check_write(self, key: bytes, data: bytes | memoryview) -> bytes:
+    def _check_write(self, key: object, data: bytes | memoryview) -> tuple[bytes, memoryview]:
         key = _as_key(key)
         if len(key) > MAX_KEY_BYTES:
             raise ValueError(f"block key is {len(key)} bytes, more than {MAX_KEY_BYTES}")
-        n = _byte_view(data).nbytes
-        size = frame_size(key, n)
-        if size > self.capacity_bytes:
+        view = _byte_view(data)
+        if self.block_size is not None and view.nbytes > self.block_size:
             raise ValueError(
-                f"ssd tier {self.name!r}: block {key[:64]!r} of {n} bytes ({size} on disk) "
-                f"exceeds the tier's {self.capacity_bytes}-byte capacity"
+                f"ssd tier {self.name!r}: block {key[:64]!r} of {view.nbytes} bytes exceeds "
+                f"the tier's block size, {self.block_size}"
             )
-        return key
+        return key, view
 
     async def write(self, key: bytes, data: bytes | memoryview) -> None:
-        runner = self._check_open()
-        key = self._check_write(key, data)
-        digest = block_digest(key)
-        await self._turns.acquire((digest,))
-        try:
-            op = self._write_op(key, data)
-        except BaseException:
-            self._turns.release(digest)
-            raise
-        await runner.submit(op, withdrawable=False)
+        error = (await self.write_many([(key, data)]))[0]
+        if error is not None:
+            raise error
 
     async def write_many(
         self, items: Sequence[tuple[bytes, bytes | memoryview]]
     ) -> list[Exception | None]:
-        """Write many blocks through shared thread hops; failures are returned per item."""
+        """Write many blocks, one op per thread; failures are returned per item. A batch larger
+        than the tier keeps its last blocks (the earlier ones are evicted by the later)."""
         runner = self._check_open()
         out: list[Exception | None] = [None] * len(items)
-        last: dict[bytes, int] = {}  # digest -> index of its last write in ``items``
-        keys: list[bytes | None] = []
+        last: dict[bytes, tuple[int, memoryview]] = {}  # a later write of a key supersedes
         for i, (k, d) in enumerate(items):
             try:
-                key = self._check_write(k, d)
+                key, view = self._check_write(k, d)
             except Exception as exc:
                 out[i] = exc
-                keys.append(None)
                 continue
-            keys.append(key)
-            last[block_digest(key)] = i  # an earlier write of the same key is superseded
+            last.pop(key, None)
+            last[key] = (i, view)
         if not last:
             return out
-        digests = list(last)
-        await self._turns.acquire(digests)
-        ops: list[tuple[int, WriteOp]] = []
-        for i in last.values():
-            wkey = keys[i]
-            assert wkey is not None
-            ops.append((i, self._write_op(wkey, items[i][1])))
-        for _i, op in ops:
-            if self._budget.size_of(op.digest) != op.size:
-                op.skip = True  # already evicted by a later block of this batch
-        results = await runner.submit_group([op for _i, op in ops], withdrawable=False)
-        for (i, _op), r in zip(ops, results, strict=True):
-            out[i] = _as_exception(r) if isinstance(r, BaseException) else None
+        await self._turns.acquire(list(last))
+        pending = list(last.items())
+        try:
+            while pending:
+                ops, pending = self._plan_writes(pending, runner)
+                if not ops:
+                    await self._wait_for_room()
+                    continue
+                results = await runner.submit_group(ops, withdrawable=False)
+                for op, res in zip(ops, results, strict=True):
+                    for tag, r in zip(op.tags, res, strict=True):
+                        out[tag[2]] = r
+        finally:
+            for key, _ in pending:  # never planned (cancelled, or no room in time)
+                self._turns.release(key)
         return out
 
-    def _fill_from_handed(self, op: ReadOp) -> int:
-        data = self._handed.get(op.digest)
-        if data is None:
-            data = self._handed_taken.get(op.digest)
-        if data is None or len(data) != op.payload_len:
-            return -1
-        op.buf[:] = data
-        return op.payload_len
+    def _plan_writes(
+        self, pending: list[tuple[bytes, tuple[int, memoryview]]], runner: HopRunner
+    ) -> tuple[list[SlotWrites], list[tuple[bytes, tuple[int, memoryview]]]]:
+        """Ops for as many of ``pending`` as there are slots for now; and the rest."""
+        index, handover, locate = self._index, self._handover, self._locate
+        parts = self._parts(len(pending), runner)
+        ops = [SlotWrites(self.fsync, self._writes_done) for _ in range(parts)]
+        for n, (key, (pos, view)) in enumerate(pending):
+            plan = index.plan_write(key, view.nbytes)
+            if plan is None:
+                rest = pending[n:]
+                break
+            if handover:
+                handover.supersede(key)  # a newer write drops the bytes in transit
+            victim, token, read = plan.victim, None, None
+            if victim is not None:
+                self.evictions += 1
+                if self.handover_evicted:
+                    token = handover.leave(victim.key)
+                    read = (victim.key, victim.seq, victim.length)
+                elif self.report_evicted:
+                    self._evicted_keys.append(victim.key)
+            fd, off = locate(plan.slot)
+            ops[n % parts].add(fd, off, key, plan.seq, view, plan.dirty, read, (plan, token, pos))
+        else:
+            rest = []
+        return [op for op in ops if op.tags], rest
 
-    def _write_finished(self, op: WriteOp, outcome: Any) -> None:
-        if not isinstance(outcome, BaseException):
-            evicted, failure = outcome
-            if op.report:
-                self._note_evicted(k for k, _ in evicted)
-            else:
-                self._hand_over(op, evicted)
-            if failure is not None:
-                outcome = failure
-        for d in op.leaving:
-            self._leaving.pop(d, None)
-            for reader in self._leaving_readers.pop(d, ()):
-                reader.settle(self._fill_from_handed(reader))
+    def _writes_done(self, op: SlotWrites, outcome: Any) -> None:
+        """On the loop, a write op's outcome: the index moves to the new slots (or drops the
+        keys whose write failed), replaced copies are cleared, victims' bytes handed over."""
+        n = len(op.tags)
         if isinstance(outcome, BaseException):
-            # A failed write leaves no file for the key (the older version was dropped too:
-            # no tier may return older bytes after a newer write was accepted).
-            if self._budget.size_of(op.digest) == op.size:
-                self._budget.discard(op.digest)
-            self._turns.release(op.digest)
-            if isinstance(outcome, OSError):
-                outcome = _unavailable(
-                    f"ssd tier {self.name!r}: writing block {op.key[:64]!r} ({op.size} bytes on "
-                    f"disk): {outcome.strerror or outcome}",
-                    outcome,
-                )
-            op.settle(outcome)
-            return
-        if not op.skip and self._budget.size_of(op.digest) != op.size:
-            # Evicted by another write while ours was on a thread: remove what we just wrote,
-            # and report the write done only then (disk and index agree when a write returns).
-            assert self._runner is not None
-            unlink = UnlinkOp(self._files, op.final, op.digest, self._turns.release, then=op)
-            self._runner.enqueue(unlink)
-            if op.report:
-                self._note_evicted((op.key,))
-            return
-        self._turns.release(op.digest)
-        op.settle(None)
+            handed: list[bytes | None] = [None] * n
+            errors: list[BaseException | None] = [outcome] * n
+        else:
+            handed, errors = outcome[0], list(outcome[1])
+        index = self._index
+        clear: list[int] = []
+        results: list[Exception | None] = [None] * n
+        try:
+            for j, (plan, token, _pos) in enumerate(op.tags):
+                if token is not None:
+                    self._handover.arrived(plan.victim.key, token, handed[j])
+                err = errors[j]
+                if err is None:
+                    old = index.write_landed(plan)
+                    if old >= 0:
+                        clear.append(old)
+                else:
+                    clear.extend(index.write_failed(plan))
+                    results[j] = self._write_error(plan.key, err)
+            if clear:
+                self._clear(clear)
+            self._room.set()
+        finally:  # whatever happened, the keys' turns end and the caller gets an answer
+            for plan, _token, _pos in op.tags:
+                self._turns.release(plan.key)
+            op.settle(results)
 
-    def _hand_over(self, op: WriteOp, evicted: list[tuple[bytes, bytes]]) -> None:
-        if not evicted or not self.handover_evicted:
-            return
-        for key, data in evicted:
-            digest = block_digest(key)
-            if digest in self._leaving or (op.skip and digest == op.digest):
-                # still ours to hand over: neither removed nor written again meanwhile
-                self._evicted.append((key, data))
-                self._evicted_bytes += len(data)
-                self._handed[digest] = data
-        while self._evicted_bytes > _HANDOVER_MAX_BYTES and self._evicted:
-            key, data = self._evicted.popleft()
-            self._evicted_bytes -= len(data)
-            digest = block_digest(key)
-            if self._handed.get(digest) is data:
-                del self._handed[digest]
+    def _write_error(self, key: bytes, err: BaseException) -> Exception:
+        if isinstance(err, OSError):
+            return _unavailable(f"ssd tier {self.name!r}: writing block {key[:64]!r}", err)
+        return err if isinstance(err, Exception) else TieringError(repr(err))
 
-    def _note_evicted(self, keys: Iterable[bytes]) -> None:
-        """Remember evicted keys for removed events, unless written here again meanwhile."""
-        budget = self._budget
-        self._evicted_keys.extend(k for k in keys if block_digest(k) not in budget)
+    async def _wait_for_room(self) -> None:
+        """Until some disk work ended (every slot was being written or read), bounded."""
+        self._room.clear()
+        try:
+            await asyncio.wait_for(self._room.wait(), CANCEL_GRACE)
+        except TimeoutError:
+            raise TierUnavailableError(
+                f"ssd tier {self.name!r}: no slot became free in {CANCEL_GRACE}s (all "
+                f"{self._index.slots} are being written or read)"
+            ) from None
+
+    # -- removes and clearing -----------------------------------------------------------------
+
+    def _clear_op(self, slots: list[int]) -> SlotClears:
+        op = SlotClears(self.fsync, self._clears_done)
+        for slot in slots:
+            fd, off = self._locate(slot)
+            op.add(fd, off, slot)
+        return op
+
+    def _clear(self, slots: list[int]) -> None:
+        """Clear the headers of slots that left the index (nobody waits for it)."""
+        assert self._runner is not None
+        self._runner.enqueue(self._clear_op(slots))
+
+    def _clears_done(self, op: SlotClears, outcome: Any) -> None:
+        errors = [outcome] * len(op.slots) if isinstance(outcome, BaseException) else outcome
+        try:
+            for slot, err in zip(op.slots, errors, strict=True):
+                if err is not None:
+                    log.warning("ssd tier %r: clearing slot %d failed: %s", self.name, slot, err)
+                self._index.cleared(slot, err is None)
+            self._room.set()
+        finally:
+            op.settle([None if e is None else _as_exception(e) for e in errors])
+
+    async def remove(self, key: bytes) -> bool:
+        result = (await self.remove_many([key]))[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def remove_many(self, keys: Sequence[bytes]) -> list[bool | Exception]:
+        """Drop many keys: their slots' headers cleared in one op (durably with ``fsync``)."""
+        runner = self._check_open()
+        wanted = list(dict.fromkeys(_as_key(k) for k in keys))
+        await self._turns.acquire(wanted)
+        try:
+            found: dict[bytes, bool] = {}
+            slots: list[int] = []
+            for key in wanted:
+                in_transit = self._handover.supersede(key)
+                slot = self._index.plan_remove(key)
+                found[key] = in_transit or slot >= 0
+                if slot >= 0:
+                    slots.append(slot)
+            errors: list[Any] = []
+            if slots:
+                errors = await runner.submit(self._clear_op(slots), withdrawable=False)
+        finally:
+            for key in wanted:
+                self._turns.release(key)
+        failed = sum(e is not None for e in errors)
+        if failed:  # gone from the index either way; a restart may find them (then: verified)
+            log.warning("ssd tier %r: %d removes not cleared on disk", self.name, failed)
+        return [found[_as_key(k)] for k in keys]
+
+    # -- evictions and usage -------------------------------------------------------------------
 
     def take_evicted_keys(self) -> list[bytes]:
-        out = list(self._evicted_keys)
+        lru = self._index.lru
+        out = [k for k in self._evicted_keys if k not in lru]  # not written here again since
         self._evicted_keys.clear()
         return out
 
     def take_evicted(self) -> list[tuple[bytes, bytes]]:
-        out = list(self._evicted)
-        self._evicted.clear()
-        self._evicted_bytes = 0
-        self._handed_taken, self._handed = self._handed, {}
-        return out
-
-    async def remove(self, key: bytes) -> bool:
-        runner = self._check_open()
-        key = _as_key(key)
-        digest = block_digest(key)
-        await self._turns.acquire((digest,))
-        in_transit = digest in self._leaving or digest in self._handed
-        if in_transit:
-            self._supersede(key, digest)
-        size = self._budget.discard(digest)
-        if size is None:
-            self._turns.release(digest)
-            return in_transit
-        path = self._files.path(digest, size)
-        op = UnlinkOp(self._files, path, digest, self._turns.release)
-        await runner.submit(op, withdrawable=False)
-        return True
-
-    def contains_hint(self, key: bytes) -> bool | None:
-        """Exact: the index in memory is the truth about what is on disk."""
-        return self._has(block_digest(_as_key(key)))
+        return self._handover.take()
 
     def usage(self) -> TierUsage:
-        return TierUsage(len(self._budget), self._budget.used, self._budget.capacity)
+        """Blocks held; bytes are whole slots (what they take of the reserved files)."""
+        n = len(self._index)
+        capacity = self._index.slots * self._slot_size if self._open else self.capacity_bytes
+        started = self.last_start.after if self.last_start is not None else None
+        return TierUsage(n, n * self._slot_size, capacity, started)
+
+
+def _check_block_size(block_size: object) -> None:
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:
+        raise ConfigError(f"block_size must be a positive int, got {block_size!r}")
 
 
 def _unavailable(message: str, cause: OSError) -> TierUnavailableError:
     """A disk error as the tier's error, the ``OSError`` kept as its cause."""
-    err = TierUnavailableError(message)
+    err = TierUnavailableError(f"{message}: {cause.strerror or cause}")
     err.__cause__ = cause
     return err
 
@@ -800,10 +567,9 @@ def _as_exception(exc: BaseException) -> Exception:
 
 
 def _default_io_threads() -> int:
-    """One core is left to the event loop: workers copying warm pages compete with it for
-    CPU and the GIL (loop lag), and WILLNEED on a hop's cold blocks gives even one thread
-    read depth."""
-    return max(1, min(4, (os.cpu_count() or 1) - 1))
+    """One thread per CPU, 2 to 4: warm reads are copies, and a batch split over every CPU
+    moves the most bytes; the loop's own work for a batch runs while no copy does."""
+    return max(2, min(4, os.cpu_count() or 1))
 
 
 def _as_key(key: object) -> bytes:
@@ -811,7 +577,8 @@ def _as_key(key: object) -> bytes:
 
 
 def _byte_view(data: bytes | bytearray | memoryview) -> memoryview:
-    view = data if isinstance(data, memoryview) else memoryview(data)
+    view = data if type(data) is memoryview else memoryview(data)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
     return view
+

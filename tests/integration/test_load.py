@@ -31,6 +31,7 @@ from helpers import aiotier_tasks
 
 from aiotier import BlockNotReadyError, PrimaryTier, RequestContext, SSDTier, TieringEngine
 from aiotier.bench.common import LoopLagTicker
+from aiotier.tiers._ssd.layout import Geometry
 
 REQUESTS = int(os.environ.get("AIOTIER_LOAD_REQUESTS", "2000"))
 KEYS = int(os.environ.get("AIOTIER_LOAD_KEYS", "20000"))
@@ -139,7 +140,7 @@ async def test_thousands_of_concurrent_requests_stay_bounded(tmp_path: Path) -> 
     figures = Figures()
     rng = random.Random(7)
     baseline_rss = rss_bytes()
-    ssd = SSDTier(tmp_path / "ssd", KEYS * (BLOCK + 128), io_threads=2)
+    ssd = SSDTier(tmp_path / "ssd", KEYS * Geometry.slot_size_for(BLOCK), io_threads=2)  # all
     engine = TieringEngine(
         PrimaryTier(NUM_BLOCKS, BLOCK),
         [ssd],

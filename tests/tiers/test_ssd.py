@@ -1,4 +1,8 @@
-"""SSDTier on real temporary directories: format, restart, corruption, budget, faults, safety."""
+"""SSDTier (format 2) on real temporary directories: slots, restart, corruption, space, faults.
+
+The tests look at and damage the slot files behind the tier's back; ``tier.locate(key)``
+names the file and offset of a key's slot.
+"""
 
 # The tests look at the tier's directory behind its back, with plain blocking file calls.
 # ruff: noqa: ASYNC240
@@ -11,7 +15,9 @@ import os
 import shutil
 import stat
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +27,16 @@ from blockbuster import blockbuster_ctx
 from aiotier._types import LookupResult
 from aiotier.errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
 from aiotier.tiers import SSDTier
+from aiotier.tiers._ssd import ops
 from aiotier.tiers._ssd.hops import HopRunner
-from aiotier.tiers._ssd.ops import ReadOp
+from aiotier.tiers._ssd.layout import Geometry
+from aiotier.tiers._ssd.ops import SlotReads
+from aiotier.tiers._ssd.slot import HEAD_SIZE, encode_head
 from aiotier.tiers._ssd.syscalls import NowaitProbe
-from aiotier.tiers.framing import HEADER, encode_header
-from aiotier.tiers.ssd import block_relpath, key_digest, scan_directory
+from aiotier.tiers.ssd import inspect_directory
 
 MiB = 1 << 20
+BS = 512 * 1024  # block size of the default tier
 
 
 @pytest.fixture(autouse=True)
@@ -43,17 +52,32 @@ def no_blocking_calls_in_the_event_loop() -> Iterator[None]:
         yield
 
 
-def block_files(root: Path) -> list[Path]:
-    return sorted(p for p in root.glob("??/*.blk"))
+def slot_files(root: Path) -> list[Path]:
+    return sorted(root.glob("slots-*"))
 
 
-def temp_files(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob(".tmp-*"))
+def where(tier: SSDTier, key: bytes) -> tuple[Path, int]:
+    loc = tier.locate(key)
+    assert loc is not None, f"{key!r} is not in the tier"
+    return Path(loc[0]), loc[1]
 
 
-def file_of(root: Path, key: bytes, payload_len: int) -> Path:
-    size = HEADER.size + len(key) + payload_len
-    return root / block_relpath(key_digest(key), size)
+def raw_slot(tier: SSDTier, key: bytes, n: int | None = None) -> bytes:
+    """The bytes of ``key``'s slot on disk: header, key and payload (or ``n`` bytes)."""
+    path, off = where(tier, key)
+    length = tier.index.length[tier.index.lru[key]]
+    with path.open("rb") as f:
+        f.seek(off)
+        return f.read(HEAD_SIZE + len(key) + length if n is None else n)
+
+
+def rewrite_slot(tier: SSDTier, key: bytes, fn: Callable[[bytearray], bytes]) -> None:
+    """Replace ``key``'s slot bytes on disk with ``fn`` of them (same place, any length)."""
+    path, off = where(tier, key)
+    data = fn(bytearray(raw_slot(tier, key)))
+    with path.open("r+b") as f:
+        f.seek(off)
+        f.write(data)
 
 
 async def read(tier: SSDTier, key: bytes, cap: int = 2 * MiB) -> bytes | None:
@@ -71,6 +95,10 @@ async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
         await asyncio.sleep(0.001)
 
 
+def slot_size(block_size: int) -> int:
+    return Geometry.slot_size_for(block_size)
+
+
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     return tmp_path / "ssd"
@@ -78,12 +106,18 @@ def root(tmp_path: Path) -> Path:
 
 @pytest.fixture
 async def tier(root: Path) -> AsyncIterator[SSDTier]:
-    t = SSDTier(root, 64 * MiB)
+    t = SSDTier(root, 64 * MiB, block_size=BS)
     await t.open()
     try:
         yield t
     finally:
         await t.aclose()
+
+
+def _runner(tier: SSDTier) -> HopRunner:
+    """The open tier's runner: the seam to its threads (``SSDTier.runner``)."""
+    assert tier.runner is not None
+    return tier.runner
 
 
 # -- basics -----------------------------------------------------------------------------------
@@ -112,63 +146,55 @@ async def test_read_into_a_short_buffer_is_a_value_error(tier: SSDTier) -> None:
     with pytest.raises(ValueError, match="100 bytes"):
         await tier.read_into(b"k", memoryview(bytearray(99)))
     assert await read(tier, b"k") == b"x" * 100
+    assert tier.index.holds[tier.index.lru[b"k"]] == 0  # the refused read let go of its slot
 
 
-async def test_overwrite_with_another_size_leaves_one_file(tier: SSDTier, root: Path) -> None:
+async def test_slot_carries_header_key_and_payload(tier: SSDTier, root: Path) -> None:
+    """Slot layout (docs/ssd.md): header with the shared frame inside, key, payload."""
+    await tier.write(b"key", b"payload")
+    seq = tier.index.seq[tier.index.lru[b"key"]]
+    assert raw_slot(tier, b"key") == encode_head(b"key", seq, b"payload") + b"payload"
+    assert raw_slot(tier, b"key", 48)[8:14] == b"ATSL\x02\x00"
+    assert raw_slot(tier, b"key", 48)[24:28] == b"ATBK"
+    [f] = slot_files(root)
+    assert stat.S_IMODE(f.stat().st_mode) == 0o600
+    assert f.stat().st_size == (64 * MiB // slot_size(BS)) * slot_size(BS)
+
+
+async def test_overwrite_lands_in_another_slot_and_clears_the_old_one(tier: SSDTier) -> None:
     await tier.write(b"k", b"a" * 100)
+    old_path, old_off = where(tier, b"k")
     await tier.write(b"k", b"b" * 5000)
+    assert where(tier, b"k") != (old_path, old_off)
     assert await read(tier, b"k") == b"b" * 5000
-    assert block_files(root) == [file_of(root, b"k", 5000)]
-    await tier.write(b"k", b"c" * 5000)
-    assert await read(tier, b"k") == b"c" * 5000
+    await until(lambda: _runner(tier).idle)
+    with old_path.open("rb") as f:
+        f.seek(old_off)
+        assert f.read(8) == bytes(8)  # the replaced copy's header is cleared
     assert tier.usage().blocks == 1
-    assert tier.usage().bytes_used == HEADER.size + 1 + 5000
+    assert tier.usage().bytes_used == slot_size(BS)
 
 
-async def test_remove(tier: SSDTier, root: Path) -> None:
+async def test_remove_clears_the_slot_on_disk(tier: SSDTier) -> None:
     await tier.write(b"k", b"data")
+    path, off = where(tier, b"k")
     assert await tier.remove(b"k") is True
     assert await tier.remove(b"k") is False
     assert await tier.lookup(b"k") is LookupResult.MISS
-    assert block_files(root) == []
+    with path.open("rb") as f:
+        f.seek(off)
+        assert f.read(8) == bytes(8)
     assert tier.usage().bytes_used == 0
-
-
-async def test_file_carries_the_shared_frame(tier: SSDTier, root: Path) -> None:
-    await tier.write(b"key", b"payload")
-    [f] = block_files(root)
-    assert f.read_bytes() == encode_header(b"key", b"payload") + b"payload"
-    assert stat.S_IMODE(f.stat().st_mode) == 0o600
-
-
-async def test_file_names_are_pinned(tier: SSDTier, root: Path) -> None:
-    """Existing directories stay readable: a block's name is BLAKE2b-128 of its key, in hex,
-    and the frame's size in hex (here 24 + 3 + 1 bytes)."""
-    await tier.write(b"abc", b"v")
-    assert block_files(root) == [root / "cf" / "cf4ab791c62b8d2b2109c90275287816-1c.blk"]
-    assert block_relpath(key_digest(b"abc"), 28) == "cf/cf4ab791c62b8d2b2109c90275287816-1c.blk"
-
-
-@pytest.mark.parametrize("size", [HEADER.size, 28, 0x10_0000, (1 << 40) + 3])
-def test_block_names_parse_back_to_digest_and_size(size: int) -> None:
-    from aiotier.tiers._ssd.layout import parse_block_name
-
-    digest = key_digest(b"key-%d" % size)
-    shard, name = block_relpath(digest, size).split("/")
-    assert shard == digest.hex()[:2]
-    assert parse_block_name(name, shard) == (digest, size)
+    assert await tier.remove_many([b"k", b"absent"]) == [False, False]
 
 
 async def test_read_many_into_one_bad_block_does_not_fail_its_neighbours(
-    tier: SSDTier, root: Path
+    tier: SSDTier,
 ) -> None:
     blocks = {f"k{i}".encode(): os.urandom(10_000 + i) for i in range(20)}
     errs = await tier.write_many(list(blocks.items()))
     assert errs == [None] * 20
-    bad = file_of(root, b"k3", len(blocks[b"k3"]))
-    raw = bytearray(bad.read_bytes())
-    raw[-1] ^= 0xFF
-    bad.write_bytes(bytes(raw))
+    rewrite_slot(tier, b"k3", _flip_payload)
     keys = [*blocks, b"absent", b"k5"]
     bufs = [memoryview(bytearray(20_000)) for _ in keys]
     bufs[-1] = memoryview(bytearray(10))  # too small for k5
@@ -192,13 +218,14 @@ async def test_str_keys_are_their_utf8_bytes(tier: SSDTier) -> None:
 async def test_keys_longer_than_the_limit_are_refused(tier: SSDTier) -> None:
     with pytest.raises(ValueError, match="1024"):
         await tier.write(b"k" * 1025, b"x")
+    await tier.write(b"k" * 1024, b"x" * BS)  # the longest key with the largest block fits
+    assert await read(tier, b"k" * 1024) == b"x" * BS
 
 
-async def test_block_larger_than_capacity_is_refused(root: Path) -> None:
-    async with SSDTier(root, 1000) as t:
-        with pytest.raises(ValueError, match="capacity"):
-            await t.write(b"k", b"x" * 1000)
-        assert t.usage().blocks == 0
+async def test_block_larger_than_the_block_size_is_refused(tier: SSDTier) -> None:
+    with pytest.raises(ValueError, match="block size"):
+        await tier.write(b"k", b"x" * (BS + 1))
+    assert tier.usage().blocks == 0
 
 
 def test_constructor_validates() -> None:
@@ -206,12 +233,39 @@ def test_constructor_validates() -> None:
         SSDTier("/tmp/x", 0)
     with pytest.raises(ConfigError):
         SSDTier("/tmp/x", 10, io_threads=0)
+    with pytest.raises(ConfigError):
+        SSDTier("/tmp/x", 10, block_size=0)
     assert SSDTier("/tmp/x", 10).name == "ssd"
     assert SSDTier("/tmp/x", 10, name="disk").name == "disk"
 
 
-async def test_operations_after_aclose_are_unavailable(root: Path) -> None:
+async def test_the_block_size_comes_from_the_argument_the_engine_or_the_directory(
+    root: Path,
+) -> None:
+    with pytest.raises(ConfigError, match="block size is not known"):
+        await SSDTier(root, MiB).open()
+    assert not root.exists() or not slot_files(root)
     t = SSDTier(root, MiB)
+    t.configure_block_size(4096)  # what an engine does before open()
+    async with t:
+        await t.write(b"k", b"v")
+    async with SSDTier(root, MiB) as again:  # a reopened directory keeps its own
+        assert again.block_size == 4096
+        assert await read(again, b"k") == b"v"
+    with pytest.raises(ConfigError, match="4096"):
+        await SSDTier(root, MiB, block_size=8192).open()
+    other = SSDTier(root, MiB, block_size=4096)
+    with pytest.raises(ConfigError, match="8192"):
+        other.configure_block_size(8192)
+
+
+async def test_capacity_smaller_than_one_slot_is_a_clear_error(root: Path) -> None:
+    with pytest.raises(ConfigError, match=r"capacity_bytes=1000 holds no slot"):
+        await SSDTier(root, 1000, block_size=4096).open()
+
+
+async def test_operations_after_aclose_are_unavailable(root: Path) -> None:
+    t = SSDTier(root, MiB, block_size=4096)
     await t.open()
     await t.write(b"k", b"v")
     await t.aclose()
@@ -222,128 +276,250 @@ async def test_operations_after_aclose_are_unavailable(root: Path) -> None:
     await t.aclose()  # idempotent
 
 
+# -- space ------------------------------------------------------------------------------------
+
+
+async def test_space_is_reserved_at_open_allocated_not_only_apparent(root: Path) -> None:
+    capacity = 40 * MiB
+    async with SSDTier(root, capacity, block_size=BS) as t:
+        files = slot_files(root)
+        expected = (capacity // slot_size(BS)) * slot_size(BS)
+        assert sum(f.stat().st_size for f in files) == expected
+        assert sum(f.stat().st_blocks * 512 for f in files) >= expected  # before any write
+        assert t.usage().capacity_bytes == expected
+        for i in range(100):  # more than fits: evictions, never growth
+            await t.write(f"k{i}".encode(), os.urandom(BS))
+        assert sum(f.stat().st_size for f in files) == expected
+        assert t.evictions == 100 - expected // slot_size(BS)
+
+
+async def test_space_that_cannot_be_reserved_fails_open_naming_path_and_size(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    capacity = 16 * MiB
+    with pytest.raises(TierUnavailableError) as info:
+        await SSDTier(root, capacity, block_size=BS).open()
+    msg = str(info.value)
+    size = (capacity // slot_size(BS)) * slot_size(BS)
+    assert f"cannot reserve {size} bytes for {root / 'slots-0000'}" in msg
+    assert "No space left on device" in msg
+    assert slot_files(root) == []  # nothing half-reserved stays behind
+    monkeypatch.undo()
+    async with SSDTier(root, capacity, block_size=BS) as t:  # and it opens once there is room
+        await t.write(b"k", b"v")
+
+
+async def test_a_tier_at_capacity_evicts_instead_of_failing(root: Path) -> None:
+    cap = 8 * slot_size(4096)
+    async with SSDTier(root, cap, block_size=4096) as t:
+        rng = __import__("random").Random(7)
+        for round_ in range(10):
+            items = [(f"r{round_}-{i}".encode(), os.urandom(rng.randrange(1, 4096)))
+                     for i in range(5)]  # fmt: skip
+            assert await t.write_many(items) == [None] * 5
+            assert t.usage().blocks == min(8, 5 * (round_ + 1))
+            assert t.usage().bytes_used <= cap
+        assert t.evictions == 50 - 8
+        for k, v in items:
+            assert await read(t, k) == v
+
+
 # -- restart ----------------------------------------------------------------------------------
 
 
-async def test_restart_keeps_every_block(root: Path) -> None:
+async def test_clean_restart_loads_the_checkpoint_and_keeps_every_block(root: Path) -> None:
     blocks = {f"block-{i}".encode(): os.urandom(1000 * (i % 7) + i) for i in range(300)}
-    async with SSDTier(root, 64 * MiB) as t:
+    async with SSDTier(root, 64 * MiB, block_size=8192) as t:
+        assert t.last_start is not None and t.last_start.after == "new"
+        assert t.usage().started == "new"
         assert await t.write_many(list(blocks.items())) == [None] * len(blocks)
         before = t.usage()
+    assert (root / "checkpoint").exists()
     async with SSDTier(root, 64 * MiB) as t2:
-        assert t2.usage() == before
-        assert t2.last_scan is not None
-        assert t2.last_scan.blocks == len(blocks)
+        assert not (root / "checkpoint").exists()  # consumed: a later crash cannot load it
+        start = t2.last_start
+        assert start is not None
+        assert (start.after, start.checkpoint, start.blocks) == ("clean", "loaded", 300)
+        assert t2.usage() == type(before)(before.blocks, before.bytes_used,
+                                          before.capacity_bytes, "clean")  # fmt: skip
         for k, v in blocks.items():
             assert await t2.lookup(k) is LookupResult.HIT
             assert await read(t2, k) == v
 
 
-async def test_restart_keeps_exact_lru_order_including_reads(root: Path) -> None:
-    size = HEADER.size + 2 + 1000
-    async with SSDTier(root, 64 * MiB) as t:
+async def test_clean_restart_keeps_exact_lru_order_including_reads(root: Path) -> None:
+    async with SSDTier(root, 8 * slot_size(4096), block_size=4096) as t:
         for i in range(8):
             await t.write(f"k{i}".encode(), bytes([i]) * 1000)
         assert await read(t, b"k1") is not None
         assert await read(t, b"k0") is not None
-    # reopen with room for 4: the 4 most recently used survive
-    async with SSDTier(root, 4 * size) as t2:
-        assert t2.last_scan is not None
-        assert t2.last_scan.evicted == 4
+    async with SSDTier(root, 8 * slot_size(4096)) as t2:
+        for i in range(4):  # four new blocks evict the four least recently used
+            await t2.write(f"new{i}".encode(), b"x")
         survivors = {k for k in (f"k{i}".encode() for i in range(8)) if t2.contains_hint(k)}
         assert survivors == {b"k6", b"k7", b"k1", b"k0"}
-        assert t2.evictions == 4
-        # and the order within the survivors holds: the next write evicts k6
-        await t2.write(b"new", b"x" * 999)
+        await t2.write(b"newer", b"y")  # and the order within the survivors holds
         assert not t2.contains_hint(b"k6")
-        assert t2.contains_hint(b"k7")
 
 
-async def test_after_a_crash_recency_comes_from_write_times(root: Path, tmp_path: Path) -> None:
-    size = HEADER.size + 2 + 100
-    async with SSDTier(root, 64 * MiB) as t:
-        for i in range(6):
-            await t.write(f"k{i}".encode(), b"x" * 100)
-        await read(t, b"k0")  # read recency is in memory only until a clean close
-        image = tmp_path / "image"
-        shutil.copytree(root, image)  # the directory as a crash would leave it
-    assert not (image / "recency").exists()
-    async with SSDTier(image, 3 * size) as t2:
-        survivors = {k for k in (f"k{i}".encode() for i in range(6)) if t2.contains_hint(k)}
-        assert survivors == {b"k3", b"k4", b"k5"}
+def crash_image(root: Path, dest: Path) -> Path:
+    """The directory as a killed process leaves it: slot files as written, no checkpoint."""
+    shutil.copytree(root, dest)
+    (dest / "checkpoint").unlink(missing_ok=True)
+    return dest
 
 
-async def test_damaged_recency_file_falls_back_to_write_times(root: Path) -> None:
-    size = HEADER.size + 2 + 100
-    async with SSDTier(root, 64 * MiB) as t:
-        for i in range(6):
-            await t.write(f"k{i}".encode(), b"x" * 100)
-        await read(t, b"k0")
-    _rewrite(root / "recency", _flip_payload)
-    async with SSDTier(root, 3 * size) as t2:
-        survivors = {k for k in (f"k{i}".encode() for i in range(6)) if t2.contains_hint(k)}
-        assert survivors == {b"k3", b"k4", b"k5"}
-
-
-async def test_crash_image_is_recovered_temporaries_and_torn_files_removed(
+async def test_after_a_crash_the_header_scan_finds_every_block_in_write_order(
     root: Path, tmp_path: Path
 ) -> None:
-    blocks = {f"k{i}".encode(): os.urandom(5000) for i in range(10)}
-    async with SSDTier(root, 64 * MiB) as t:
+    async with SSDTier(root, 6 * slot_size(4096), block_size=4096) as t:
+        for i in range(6):
+            await t.write(f"k{i}".encode(), bytes([i]) * 100)
+        await read(t, b"k0")  # read recency lives in memory until a clean close
+        image = crash_image(root, tmp_path / "image")
+    async with SSDTier(image, 6 * slot_size(4096)) as t2:
+        start = t2.last_start
+        assert start is not None
+        assert (start.after, start.checkpoint, start.blocks) == ("crash", "absent", 6)
+        assert t2.usage().started == "crash"
+        for i in range(6):
+            assert await read(t2, f"k{i}".encode()) == bytes([i]) * 100
+        for i in range(3):
+            await t2.write(f"new{i}".encode(), b"x")
+        survivors = {k for k in (f"k{i}".encode() for i in range(6)) if t2.contains_hint(k)}
+        assert survivors == {b"k3", b"k4", b"k5"}  # write order: k0's read was lost
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda b: b[:-1] + bytes([b[-1] ^ 1]),  # a bit of the checksummed body
+        lambda b: b[: len(b) // 2],  # truncated
+        lambda b: b"ATCP" + os.urandom(len(b) - 4),  # garbage behind the magic
+        lambda b: b"",
+    ],
+)
+async def test_a_damaged_checkpoint_falls_back_to_the_header_scan(
+    root: Path, damage: Callable[[bytes], bytes]
+) -> None:
+    blocks = {f"k{i}".encode(): os.urandom(3000) for i in range(20)}
+    async with SSDTier(root, MiB, block_size=4096) as t:
         await t.write_many(list(blocks.items()))
-        # an image of the directory as a crash would leave it (lock file, no close)
-        image = tmp_path / "image"
-        shutil.copytree(root, image)
-    shard = image / "00"
-    (shard / ".tmp-deadbeef-1").write_bytes(b"half a block")
-    torn = file_of(image, b"k4", 5000)
-    with torn.open("r+b") as f:
-        f.truncate(100)
-    async with SSDTier(image, 64 * MiB) as t2:
-        assert t2.last_scan is not None
-        assert t2.last_scan.temporaries == 1
-        assert t2.last_scan.torn == 1
-        assert temp_files(image) == []
-        assert not torn.exists()
+    ck = root / "checkpoint"
+    ck.write_bytes(damage(ck.read_bytes()))
+    async with SSDTier(root, MiB) as t2:
+        start = t2.last_start
+        assert start is not None and start.after == "crash"
+        assert start.checkpoint.startswith(("damaged", "not a checkpoint"))
+        assert start.blocks == 20
+        for k, v in blocks.items():
+            assert await read(t2, k) == v
+
+
+async def test_a_checkpoint_that_no_longer_fits_the_files_is_not_trusted(root: Path) -> None:
+    async with SSDTier(root, MiB, block_size=4096) as t:
+        await t.write(b"k", b"v")
+    with (root / "slots-0000").open("r+b") as f:  # changed behind the closed tier's back
+        f.truncate(slot_size(4096) * 3)
+    async with SSDTier(root, MiB) as t2:
+        start = t2.last_start
+        assert start is not None and start.after == "crash"
+        assert start.checkpoint.startswith("stale")
+        assert await read(t2, b"k") == b"v"
+        assert (root / "slots-0000").stat().st_size == (MiB // slot_size(4096)) * slot_size(4096)
+
+
+async def test_torn_slots_found_by_the_scan_are_free(root: Path, tmp_path: Path) -> None:
+    blocks = {f"k{i}".encode(): os.urandom(3000) for i in range(10)}
+    async with SSDTier(root, MiB, block_size=4096) as t:
+        await t.write_many(list(blocks.items()))
+        image = crash_image(root, tmp_path / "image")
+        path, off = where(t, b"k4")
+    torn = image / path.name
+    with torn.open("r+b") as f:  # a header cut short: its checksum fails
+        f.seek(off + 20)
+        f.write(b"\xff\xff")
+    async with SSDTier(image, MiB) as t2:
+        start = t2.last_start
+        assert start is not None and (start.torn, start.blocks) == (1, 9)
         assert await t2.lookup(b"k4") is LookupResult.MISS
         for k, v in blocks.items():
             if k != b"k4":
                 assert await read(t2, k) == v
+        assert len(t2.index.free) == t2.index.slots - 9
 
 
-async def test_duplicate_files_of_one_key_keep_the_newest(root: Path) -> None:
-    async with SSDTier(root, 64 * MiB) as t:
+async def test_of_two_copies_of_a_key_after_a_crash_the_newest_wins(
+    root: Path, tmp_path: Path
+) -> None:
+    """A crash between a rewrite landing and the old copy's clearing leaves both copies."""
+    async with SSDTier(root, MiB, block_size=4096) as t:
         await t.write(b"k", b"old" * 10)
-    old = file_of(root, b"k", 30)
-    kept = old.read_bytes()
-    async with SSDTier(root, 64 * MiB) as t:
+        old_path, old_off = where(t, b"k")
+        old_bytes = raw_slot(t, b"k")
         await t.write(b"k", b"new" * 20)
-    # a crash between the rename of the new file and the unlink of the old one
-    old.write_bytes(kept)
-    st = file_of(root, b"k", 60).stat()
-    os.utime(old, ns=(st.st_mtime_ns - 10**9, st.st_mtime_ns - 10**9))
-    async with SSDTier(root, 64 * MiB) as t:
-        assert t.last_scan is not None
-        assert t.last_scan.duplicates == 1
-        assert not old.exists()
-        assert await read(t, b"k") == b"new" * 20
+        await until(lambda: _runner(t).idle)
+        image = crash_image(root, tmp_path / "image")
+    with (image / old_path.name).open("r+b") as f:  # the old copy, as before its clearing
+        f.seek(old_off)
+        f.write(old_bytes)
+    async with SSDTier(image, MiB) as t2:
+        start = t2.last_start
+        assert start is not None and (start.duplicates, start.blocks) == (1, 1)
+        assert await read(t2, b"k") == b"new" * 20
+    with (image / old_path.name).open("rb") as f:
+        f.seek(old_off)
+        assert f.read(8) == bytes(8)  # the losing copy was cleared
 
 
-async def test_restart_with_smaller_capacity_evicts_down_to_budget(root: Path) -> None:
-    async with SSDTier(root, 64 * MiB) as t:
-        for i in range(20):
-            await t.write(f"k{i:02d}".encode(), b"x" * 10_000)
-    async with SSDTier(root, 50_000) as t2:
-        assert t2.usage().bytes_used <= 50_000
-        assert len(block_files(root)) == t2.usage().blocks == 4
-        assert all(t2.contains_hint(f"k{i:02d}".encode()) for i in range(16, 20))
+async def test_a_newest_copy_cut_short_by_a_crash_does_not_hide_the_older_one(
+    root: Path, tmp_path: Path
+) -> None:
+    """fsync=True promises an acknowledged block survives: a later write of the key that the
+    crash cut short (header on disk, payload not) must not replace it."""
+    async with SSDTier(root, MiB, block_size=4096) as t:
+        await t.write(b"k", b"acked" * 100)
+        acked = raw_slot(t, b"k")
+        acked_at = where(t, b"k")
+        await t.write(b"k", b"newer" * 100)
+        await until(lambda: _runner(t).idle)
+        newer_at = where(t, b"k")
+        image = crash_image(root, tmp_path / "image")
+    with (image / acked_at[0].name).open("r+b") as f:
+        f.seek(acked_at[1])
+        f.write(acked)
+    with (image / newer_at[0].name).open("r+b") as f:  # the newer payload never landed
+        f.seek(newer_at[1] + HEAD_SIZE + 1 + 10)
+        f.write(b"\x00" * 50)
+    async with SSDTier(image, MiB) as t2:
+        start = t2.last_start
+        assert start is not None and start.duplicates == 1
+        assert await read(t2, b"k") == b"acked" * 100
+
+
+async def test_capacity_changes_at_restart_resize_the_files(root: Path) -> None:
+    size = slot_size(4096)
+    async with SSDTier(root, 10 * size, block_size=4096) as t:
+        for i in range(10):
+            await t.write(f"k{i}".encode(), bytes([i]) * 10)
+    async with SSDTier(root, 4 * size) as t2:  # smaller: the blocks past the end go
+        start = t2.last_start
+        assert start is not None and (start.blocks, start.dropped) == (4, 6)
+        assert sum(f.stat().st_size for f in slot_files(root)) == 4 * size
+        assert {k for k in (f"k{i}".encode() for i in range(10)) if t2.contains_hint(k)} == {
+            b"k0", b"k1", b"k2", b"k3"
+        }
+    async with SSDTier(root, 20 * size) as t3:  # larger: reserved again, blocks kept
+        assert t3.usage().blocks == 4
+        assert sum(f.stat().st_blocks * 512 for f in slot_files(root)) >= 20 * size
+        assert await read(t3, b"k3") == bytes([3]) * 10
 
 
 # -- corruption -------------------------------------------------------------------------------
-
-
-def _rewrite(path: Path, fn: Callable[[bytearray], bytes]) -> None:
-    path.write_bytes(fn(bytearray(path.read_bytes())))
 
 
 def _flip_payload(b: bytearray) -> bytes:
@@ -351,237 +527,159 @@ def _flip_payload(b: bytearray) -> bytes:
     return bytes(b)
 
 
-def _bad_magic(b: bytearray) -> bytes:
-    b[0:4] = b"XXXX"
+def _bad_slot_magic(b: bytearray) -> bytes:
+    b[8:12] = b"XXXX"
     return bytes(b)
 
 
 def _bad_version(b: bytearray) -> bytes:
-    b[4] = 99
+    b[12] = 99
+    return bytes(b)
+
+
+def _bad_frame_magic(b: bytearray) -> bytes:
+    b[24:28] = b"XXXX"
     return bytes(b)
 
 
 def _bad_length(b: bytearray) -> bytes:
-    b[8:16] = (12345).to_bytes(8, "little")
+    b[32:40] = (12345).to_bytes(8, "little")
+    return bytes(b)
+
+
+def _older_write(b: bytearray) -> bytes:
+    b[16:24] = (int.from_bytes(b[16:24], "little") - 1).to_bytes(8, "little")
     return bytes(b)
 
 
 def _other_key(b: bytearray) -> bytes:
-    payload = bytes(b[HEADER.size + 1 :])
-    frame = encode_header(b"j", payload) + payload  # same sizes, another key: a foreign block
-    return frame
+    payload = bytes(b[HEAD_SIZE + 1 :])
+    seq = int.from_bytes(b[16:24], "little")
+    return encode_head(b"j", seq, payload) + payload  # a whole, valid slot of another key
 
 
 def _garbage(b: bytearray) -> bytes:
     return os.urandom(len(b))
 
 
+def _zeros(b: bytearray) -> bytes:
+    return bytes(len(b))
+
+
 @pytest.mark.parametrize(
-    "damage", [_flip_payload, _bad_magic, _bad_version, _bad_length, _other_key, _garbage]
+    "damage",
+    [
+        _flip_payload,
+        _bad_slot_magic,
+        _bad_version,
+        _bad_frame_magic,
+        _bad_length,
+        _older_write,
+        _other_key,
+        _garbage,
+        _zeros,
+    ],
 )
-async def test_damaged_file_is_corrupted_never_wrong_bytes(
-    tier: SSDTier, root: Path, damage: Callable[[bytearray], bytes]
+async def test_a_damaged_slot_is_a_miss_never_wrong_bytes(
+    tier: SSDTier, damage: Callable[[bytearray], bytes]
 ) -> None:
     data = os.urandom(50_000)
     await tier.write(b"k", data)
     await tier.write(b"fine", b"neighbour")
-    path = file_of(root, b"k", len(data))
-    _rewrite(path, damage)
+    path, off = where(tier, b"k")
+    rewrite_slot(tier, b"k", damage)
     buf = bytearray(100_000)
-    with pytest.raises(BlockCorruptedError, match="ssd"):
+    with pytest.raises(BlockCorruptedError, match=r"ssd tier 'ssd'.*slots-0000"):
         await tier.read_into(b"k", memoryview(buf))
-    assert not path.exists()  # dropped, not served again
-    assert await tier.lookup(b"k") is LookupResult.MISS
+    assert await tier.lookup(b"k") is LookupResult.MISS  # dropped, not served again
     assert await tier.read_into(b"k", memoryview(buf)) == -1
     assert tier.usage().blocks == 1
+    await until(lambda: _runner(tier).idle)
+    with path.open("rb") as f:
+        f.seek(off)
+        assert f.read(8) == bytes(8)  # cleared: a restart does not find it either
     assert await read(tier, b"fine") == b"neighbour"
     await tier.write(b"k", data)  # the tier keeps working
     assert await read(tier, b"k") == data
 
 
-async def test_truncated_file_is_corrupted(tier: SSDTier, root: Path) -> None:
-    await tier.write(b"k", b"z" * 10_000)
-    path = file_of(root, b"k", 10_000)
-    with path.open("r+b") as f:
-        f.truncate(HEADER.size + 1 + 5000)
-    with pytest.raises(BlockCorruptedError, match="5000"):
-        await read(tier, b"k")
-    assert not path.exists()
-    with path.open("wb") as f:  # shorter than a header
-        f.write(b"AT")
-    await tier.write(b"k", b"z" * 10_000)
-    with path.open("r+b") as f:
-        f.truncate(3)
-    with pytest.raises(BlockCorruptedError, match="shorter than a header"):
-        await read(tier, b"k")
+async def test_a_truncated_slot_file_is_a_miss(root: Path) -> None:
+    async with SSDTier(root, MiB, block_size=4096) as t:
+        items = [(f"k{i}".encode(), bytes([i]) * 4000) for i in range(6)]
+        await t.write_many(items)
+        path, off = where(t, b"k5")
+        with path.open("r+b") as f:  # behind the open tier's back, inside k5's slot
+            f.truncate(off + HEAD_SIZE + 2 + 100)
+        with pytest.raises(BlockCorruptedError, match="truncated"):
+            await read(t, b"k5")
+        assert await read(t, b"k0") == bytes([0]) * 4000
+    async with SSDTier(root, MiB) as t2:  # the next open restores the file's reserved size
+        assert await t2.lookup(b"k5") is LookupResult.MISS
+        assert await read(t2, b"k4") == bytes([4]) * 4000
 
 
-def _drop_cached_pages(path: Path, offset: int = 0) -> None:
-    """Evict ``path``'s pages from ``offset`` on from the page cache (clean pages only)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, offset, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def _page_cache_droppable(scratch: Path) -> bool:
-    """Whether dropped pages stay dropped here (not on tmpfs); probed on a file of its own,
-    since a non-blocking read of a dropped page starts reading it back."""
-    scratch.write_bytes(os.urandom(256 * 1024))
-    _drop_cached_pages(scratch)
-    fd = os.open(scratch, os.O_RDONLY)
-    try:
-        return os.preadv(fd, [bytearray(256 * 1024)], 0, os.RWF_NOWAIT) < 256 * 1024
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-
-
-@pytest.mark.parametrize("cached_prefix", [0, 64 * 1024])
-async def test_reads_that_wait_for_the_disk_finish_after_the_warm_ones(
-    tier: SSDTier, root: Path, monkeypatch: pytest.MonkeyPatch, cached_prefix: int
+async def test_a_block_is_never_read_under_another_key_even_when_its_slot_is_reused(
+    tier: SSDTier,
 ) -> None:
-    """Cold blocks (none or only part of the file cached) are read after the hop's warm ones,
-    advised WILLNEED together, and return exactly their bytes."""
-    if not getattr(os, "RWF_NOWAIT", 0):
-        pytest.skip("no RWF_NOWAIT on this platform: every read blocks")
-    if not _page_cache_droppable(root.parent / "probe"):
-        pytest.skip("the page cache cannot be dropped on this file system")
-    blocks = {f"k{i}".encode(): os.urandom(300_000) for i in range(6)}
-    await tier.write_many(list(blocks.items()))
-    cold = [b"k1", b"k3", b"k4"]
-    for k in cold:
-        _drop_cached_pages(file_of(root, k, 300_000), cached_prefix)
-    completed: list[bytes] = []
-    real_complete = ReadOp.complete
-
-    def complete(op: Any) -> int:
-        completed.append(op.key)
-        return real_complete(op)
-
-    monkeypatch.setattr(ReadOp, "complete", complete)
-    keys = list(blocks)
-    bufs = [bytearray(300_000) for _ in keys]
-    got = await tier.read_many_into(keys, [memoryview(b) for b in bufs])
-    assert got == [300_000] * len(keys)
-    assert [bytes(b) for b in bufs] == list(blocks.values())
-    assert set(completed) <= set(cold)
-    if not completed:  # the kernel kept or read back the pages before the tier looked
-        pytest.skip("no block was cold by the time it was read")
+    await tier.write(b"a", b"A" * 1000)
+    slot = tier.index.lru[b"a"]
+    seq_a = tier.index.seq[slot]
+    fd, off = tier._locate(slot)
+    assert await tier.remove(b"a")
+    await until(lambda: _runner(tier).idle)
+    await tier.write(b"b", b"B" * 1000)
+    assert tier.index.lru[b"b"] == slot  # the freed slot is the next one used
+    assert await tier.lookup(b"a") is LookupResult.MISS
+    assert await tier.read_into(b"a", memoryview(bytearray(1000))) == -1
+    # a read planned for a's copy that reaches the slot after b took it: refused, not b's bytes
+    buf = bytearray(1000)
+    stale = SlotReads([fd], [off], [b"a"], [seq_a], [memoryview(buf)], [slot], 1000, print)
+    [result] = stale.start(_runner(tier).nowait)
+    assert isinstance(result, BlockCorruptedError)  # so the caller never uses the buffer
+    assert f"holds write {tier.index.seq[slot]}, the index expects {seq_a}" in str(result)
+    # and the same write number with another key (a slot copied over) fails on the key
+    seq_b = tier.index.seq[slot]
+    same_seq = SlotReads([fd], [off], [b"a"], [seq_b], [memoryview(buf)], [slot], 1000, print)
+    [result] = same_seq.start(_runner(tier).nowait)
+    assert isinstance(result, BlockCorruptedError) and "not b'a'" in str(result)
+    assert await read(tier, b"b") == b"B" * 1000
 
 
-async def test_cold_and_partly_cached_reads_continue_where_the_cache_ended(
-    tier: SSDTier, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The page cache simulated: k1 wholly on disk, k3 cached for its first 70,000 bytes."""
-    blocks = {f"k{i}".encode(): os.urandom(300_000) for i in range(5)}
-    await tier.write_many(list(blocks.items()))
-    keys = list(blocks)
-    bufs = [bytearray(300_000) for _ in keys]
-    key_of_buf = {id(b): k for k, b in zip(keys, bufs, strict=True)}
-    nowait = _runner(tier).nowait
-    real_nowait = nowait.preadv
-    cached = {b"k1": 0, b"k3": 70_000}
-    order: list[tuple[str, bytes]] = []
-
-    def preadv_nowait(fd: int, views: list[memoryview], offset: int) -> int:
-        key = key_of_buf[id(views[1].obj)]
-        order.append(("start", key))
-        if key not in cached:
-            return real_nowait(fd, views, offset)
-        return os.preadv(fd, _first_bytes(views, cached[key]), offset) if cached[key] else 0
-
-    real_complete = ReadOp.complete
-
-    def complete(op: Any) -> int:
-        order.append(("complete", op.key))
-        return real_complete(op)
-
-    monkeypatch.setattr(nowait, "preadv", preadv_nowait)
-    monkeypatch.setattr(ReadOp, "complete", complete)
-    got = await tier.read_many_into(keys, [memoryview(b) for b in bufs])
-    assert got == [300_000] * len(keys)
-    assert [bytes(b) for b in bufs] == list(blocks.values())
-    assert order == [("start", k) for k in keys] + [("complete", b"k1"), ("complete", b"k3")]
-
-
-def _runner(tier: SSDTier) -> HopRunner:
-    """The open tier's runner: the seam to its threads (``SSDTier.runner``)."""
-    assert tier.runner is not None
-    return tier.runner
-
-
-def _first_bytes(views: list[memoryview], n: int) -> list[memoryview]:
-    """The first ``n`` bytes of ``views`` (the part a partly cached file has in memory)."""
-    out: list[memoryview] = []
-    for v in views:
-        if n <= 0:
-            break
-        out.append(v[:n])
-        n -= min(n, v.nbytes)
-    return out
-
-
-async def test_reads_work_where_the_file_system_refuses_rwf_nowait(
-    tier: SSDTier, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    await tier.write(b"k", b"v" * 5000)
-    real_preadv = os.preadv
-    refused: list[int] = []
-
-    def preadv(fd: int, views: Any, offset: int, flags: int = 0) -> int:
-        if flags:
-            refused.append(flags)
-            raise OSError(errno.EOPNOTSUPP, "not supported")
-        return real_preadv(fd, views, offset)
-
-    nowait: NowaitProbe = _runner(tier).nowait
-    monkeypatch.setattr(nowait, "flag", getattr(os, "RWF_NOWAIT", 0) or 8)
-    monkeypatch.setattr(os, "preadv", preadv)
-    assert await read(tier, b"k") == b"v" * 5000
-    assert await read(tier, b"k") == b"v" * 5000
-    assert len(refused) == 1  # asked once, then every read blocks
-    assert nowait.flag == 0
-
-
-async def test_file_deleted_behind_the_tiers_back_is_absent(tier: SSDTier, root: Path) -> None:
-    await tier.write(b"k", b"v" * 10)
-    file_of(root, b"k", 10).unlink()
-    assert await tier.read_into(b"k", memoryview(bytearray(10))) == -1
-    assert await tier.lookup(b"k") is LookupResult.MISS
-    assert tier.usage().blocks == 0
+async def test_foreign_slot_file_is_all_misses(root: Path, tmp_path: Path) -> None:
+    """A slot file swapped for another tier's (same geometry, other blocks): every key of ours
+    is a MISS; nothing of the other tier is served under our keys."""
+    other = tmp_path / "other"
+    for path, key in ((root, b"k"), (other, b"x")):
+        async with SSDTier(path, MiB, block_size=4096) as t:
+            await t.write(key, key * 100)
+    (root / "checkpoint").unlink()
+    shutil.copy(other / "slots-0000", root / "slots-0000")
+    async with SSDTier(root, MiB) as t:
+        assert await t.lookup(b"k") is LookupResult.MISS
+        assert await read(t, b"x") == b"x" * 100  # the scan finds what the file holds
 
 
 async def test_foreign_files_are_ignored_and_kept(root: Path) -> None:
-    async with SSDTier(root, MiB) as t:
+    async with SSDTier(root, MiB, block_size=4096) as t:
         await t.write(b"k", b"v")
     (root / "notes.txt").write_text("mine")
-    (root / "ab" / "stray.bin").write_bytes(b"x" * 100)
-    (root / "ab" / ("0" * 32 + "-10.blk")).write_bytes(b"wrong shard")
-    os.symlink("/etc/hostname", root / "cd" / ("cd" + "0" * 30 + "-9.blk"))
+    (root / "slots-x").write_bytes(b"x" * 100)
     async with SSDTier(root, MiB) as t:
-        assert t.last_scan is not None
-        assert t.last_scan.foreign == 3
-        assert t.usage().blocks == 1
+        assert t.last_start is not None and t.last_start.foreign == 2
         assert await read(t, b"k") == b"v"
     assert (root / "notes.txt").read_text() == "mine"
-    assert (root / "ab" / "stray.bin").exists()
+    assert (root / "slots-x").exists()
 
 
-async def test_symlink_planted_at_a_block_path_is_never_followed(
-    tier: SSDTier, root: Path, tmp_path: Path
-) -> None:
-    await tier.write(b"k", b"v" * 10)
+async def test_a_symlink_planted_as_a_slot_file_is_refused(root: Path, tmp_path: Path) -> None:
+    async with SSDTier(root, MiB, block_size=4096) as t:
+        await t.write(b"k", b"v")
     outside = tmp_path / "outside"
-    outside.write_bytes(encode_header(b"k", b"w" * 10) + b"w" * 10)
-    path = file_of(root, b"k", 10)
-    path.unlink()
-    path.symlink_to(outside)
-    with pytest.raises(TierUnavailableError):  # ELOOP from O_NOFOLLOW: a fault, not bytes
-        await read(tier, b"k")
+    shutil.copy(root / "slots-0000", outside)
+    (root / "slots-0000").unlink()
+    (root / "slots-0000").symlink_to(outside)
+    with pytest.raises(ConfigError, match="slots-0000"):
+        await SSDTier(root, MiB).open()
     assert outside.exists()
 
 
@@ -589,18 +687,20 @@ async def test_symlink_planted_at_a_block_path_is_never_followed(
 
 
 async def test_directory_is_created_with_mode_0700(root: Path) -> None:
-    async with SSDTier(root / "deep" / "er", MiB) as t:
+    async with SSDTier(root / "deep" / "er", MiB, block_size=4096) as t:
         await t.write(b"k", b"v")
     d = root / "deep" / "er"
     assert stat.S_IMODE(d.stat().st_mode) == 0o700
-    assert stat.S_IMODE((d / "00").stat().st_mode) == 0o700
-    assert (d / "aiotier-ssd").read_text() == "aiotier-ssd 1\n"
+    marker = (d / "aiotier-ssd").read_text()
+    assert marker.startswith("aiotier-ssd 2\nblock_size 4096\n")
+    for f in d.iterdir():
+        assert stat.S_IMODE(f.stat().st_mode) & 0o077 == 0, f
 
 
 async def test_second_tier_on_the_same_path_is_refused(root: Path) -> None:
-    async with SSDTier(root, MiB) as first:
+    async with SSDTier(root, MiB, block_size=4096) as first:
         await first.write(b"k", b"v")
-        second = SSDTier(root, MiB)
+        second = SSDTier(root, MiB, block_size=4096)
         with pytest.raises(TieringError, match="locked"):
             await second.open()
         assert await read(first, b"k") == b"v"
@@ -612,22 +712,34 @@ async def test_path_that_is_a_file_is_a_clear_error(tmp_path: Path) -> None:
     f = tmp_path / "file"
     f.write_text("x")
     with pytest.raises(ConfigError, match="not a directory"):
-        await SSDTier(f, MiB).open()
+        await SSDTier(f, MiB, block_size=4096).open()
 
 
 async def test_foreign_non_empty_directory_is_refused(tmp_path: Path) -> None:
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "thesis.tex").write_text("precious")
     with pytest.raises(ConfigError, match="not empty"):
-        await SSDTier(tmp_path / "home", MiB).open()
+        await SSDTier(tmp_path / "home", MiB, block_size=4096).open()
     assert (tmp_path / "home" / "thesis.tex").exists()
+
+
+async def test_a_format_1_directory_is_refused_with_what_to_do(root: Path) -> None:
+    root.mkdir()
+    (root / "aiotier-ssd").write_text("aiotier-ssd 1\n")
+    (root / "cf").mkdir()
+    (root / "cf" / "cf4ab791c62b8d2b2109c90275287816-1c.blk").write_bytes(b"x" * 28)
+    with pytest.raises(ConfigError, match=r"format 1.*delete the directory") as info:
+        await SSDTier(root, MiB, block_size=4096).open()
+    assert str(root) in str(info.value)
+    assert (root / "cf" / "cf4ab791c62b8d2b2109c90275287816-1c.blk").exists()  # untouched
+    assert slot_files(root) == []
 
 
 async def test_unsupported_format_marker_is_refused(root: Path) -> None:
     root.mkdir()
     (root / "aiotier-ssd").write_text("aiotier-ssd 9\n")
     with pytest.raises(TieringError, match="format"):
-        await SSDTier(root, MiB).open()
+        await SSDTier(root, MiB, block_size=4096).open()
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores permissions")
@@ -637,9 +749,9 @@ async def test_unwritable_directory_is_a_clear_error_at_open(tmp_path: Path) -> 
     ro.chmod(0o500)
     try:
         with pytest.raises(TierUnavailableError, match="not writable"):
-            await SSDTier(ro, MiB).open()
+            await SSDTier(ro, MiB, block_size=4096).open()
         with pytest.raises(TierUnavailableError, match="cannot create"):
-            await SSDTier(ro / "sub", MiB).open()
+            await SSDTier(ro / "sub", MiB, block_size=4096).open()
     finally:
         ro.chmod(0o700)
 
@@ -647,7 +759,7 @@ async def test_unwritable_directory_is_a_clear_error_at_open(tmp_path: Path) -> 
 async def test_read_only_filesystem_is_a_clear_error_at_open(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with SSDTier(root, MiB):
+    async with SSDTier(root, MiB, block_size=4096):
         pass
     real_open = os.open
 
@@ -661,53 +773,26 @@ async def test_read_only_filesystem_is_a_clear_error_at_open(
         await SSDTier(root, MiB).open()
 
 
-# -- budget -----------------------------------------------------------------------------------
-
-
-async def test_budget_holds_after_many_writes(root: Path) -> None:
-    cap = 2 * MiB
-    rng = __import__("random").Random(7)
-    async with SSDTier(root, cap) as t:
-        for round_ in range(10):
-            items = [
-                (f"r{round_}-{i}".encode(), os.urandom(rng.randrange(1, 200_000)))
-                for i in range(20)
-            ]
-            errs = await t.write_many(items)
-            assert errs == [None] * len(items)
-            u = t.usage()
-            assert u.bytes_used <= cap
-            on_disk = sum(p.stat().st_size for p in block_files(root))
-            assert on_disk == u.bytes_used
-            assert len(block_files(root)) == u.blocks
-        assert t.evictions > 0
-        assert temp_files(root) == []
+# -- budget and hand-over -------------------------------------------------------------------
 
 
 async def test_eviction_follows_exact_lru_order(root: Path) -> None:
-    size = HEADER.size + 2 + 100
-    async with SSDTier(root, 5 * size) as t:
+    async with SSDTier(root, 5 * slot_size(4096), block_size=4096) as t:
         for i in range(5):
             await t.write(f"k{i}".encode(), b"x" * 100)
         await read(t, b"k0")  # k1 is now the least recent
         await t.write(b"k5", b"y" * 100)
         assert [t.contains_hint(f"k{i}".encode()) for i in range(6)] == [
-            True,
-            False,
-            True,
-            True,
-            True,
-            True,
-        ]
+            True, False, True, True, True, True,
+        ]  # fmt: skip
         await t.write(b"k6", b"y" * 100)
         assert not t.contains_hint(b"k2")
         assert t.evictions == 2
-        assert len(block_files(root)) == 5
+        assert t.usage().blocks == 5
 
 
 async def test_evicted_blocks_are_handed_over_with_their_bytes(root: Path) -> None:
-    size = HEADER.size + 2 + 1000
-    async with SSDTier(root, 3 * size) as t:
+    async with SSDTier(root, 3 * slot_size(4096), block_size=4096) as t:
         t.handover_evicted = True
         data = {f"k{i}".encode(): os.urandom(1000) for i in range(5)}
         for k, v in data.items():
@@ -720,8 +805,7 @@ async def test_evicted_blocks_are_handed_over_with_their_bytes(root: Path) -> No
 
 
 async def test_evicted_block_stays_readable_until_the_tier_below_took_it(root: Path) -> None:
-    size = HEADER.size + 2 + 1000
-    async with SSDTier(root, 2 * size) as t:
+    async with SSDTier(root, 2 * slot_size(4096), block_size=4096) as t:
         t.handover_evicted = True
         await t.write(b"k0", b"0" * 1000)
         await t.write(b"k1", b"1" * 1000)
@@ -741,20 +825,24 @@ async def test_evicted_block_stays_readable_until_the_tier_below_took_it(root: P
         assert await read(t, b"k1") == b"n" * 1000
 
 
-async def test_batch_larger_than_the_budget_keeps_the_last_blocks(root: Path) -> None:
-    size = HEADER.size + 3 + 1000
-    async with SSDTier(root, 4 * size) as t:
+async def test_batch_larger_than_the_tier_keeps_the_last_blocks(root: Path) -> None:
+    async with SSDTier(root, 4 * slot_size(4096), block_size=4096) as t:
         items = [(f"k{i:02d}".encode(), bytes([i]) * 1000) for i in range(10)]
         assert await t.write_many(items) == [None] * 10
-        assert len(block_files(root)) == 4
         assert {t.contains_hint(k) for k, _ in items[6:]} == {True}
         assert t.usage().blocks == 4
         for k, v in items[6:]:
             assert await read(t, k) == v
 
 
+async def _reopen_and_count(root: Path) -> int:
+    """Blocks a header scan finds (the checkpoint removed): what is really on disk."""
+    (root / "checkpoint").unlink()
+    return (await asyncio.to_thread(inspect_directory, root)).blocks
+
+
 async def test_concurrent_writes_and_reads_of_the_same_keys(root: Path) -> None:
-    async with SSDTier(root, MiB) as t:
+    async with SSDTier(root, MiB, block_size=4096) as t:
         keys = [f"k{i}".encode() for i in range(8)]
 
         async def writer(n: int) -> None:
@@ -769,17 +857,44 @@ async def test_concurrent_writes_and_reads_of_the_same_keys(root: Path) -> None:
                 assert got is None or got.startswith(k)
 
         await asyncio.gather(*(writer(n) for n in range(6)), *(reader() for _ in range(3)))
-        u = t.usage()
-        assert sum(p.stat().st_size for p in block_files(root)) == u.bytes_used
-        assert len(block_files(root)) == u.blocks == len(keys)
-        last = {}
-        for n in range(6):
-            for r in range(20):
-                last[keys[(n + r) % len(keys)]] = (n, r)
+        assert t.usage().blocks == len(keys)
         for k in keys:
             got = await read(t, k)
-            assert got is not None
-            assert got.startswith(k)
+            assert got is not None and got.startswith(k)
+    assert await _reopen_and_count(root) == len(keys)
+
+
+async def test_concurrent_writes_removes_and_evictions_keep_index_and_disk_in_step(
+    root: Path,
+) -> None:
+    rng = __import__("random").Random(11)
+    async with SSDTier(root, 6 * slot_size(4096), io_threads=3, block_size=4096) as t:
+        keys = [f"k{i}".encode() for i in range(12)]
+
+        async def worker(n: int) -> None:
+            for _ in range(40):
+                k = rng.choice(keys)
+                op = rng.random()
+                if op < 0.5:
+                    await t.write(k, k + bytes([n]) * rng.randrange(10, 3000))
+                elif op < 0.6:
+                    await t.remove(k)
+                elif op < 0.8:
+                    await t.write_many([(k, k * 50), (rng.choice(keys), b"w" * 2000)])
+                else:
+                    got = await read(t, k)
+                    assert got is None or got.startswith(k) or got == b"w" * 2000
+
+        await asyncio.gather(*(worker(n) for n in range(8)))
+        await until(lambda: _runner(t).idle)
+        blocks = t.usage().blocks
+        assert blocks <= 6
+        assert sum(t.index.holds) == 0
+        held = {k: await read(t, k) for k in keys if t.contains_hint(k)}
+    assert await _reopen_and_count(root) == blocks
+    async with SSDTier(root, 6 * slot_size(4096)) as t2:
+        for k, v in held.items():
+            assert await read(t2, k) == v
 
 
 # -- hostile keys -----------------------------------------------------------------------------
@@ -800,45 +915,42 @@ HOSTILE = [
     b"\xff\xfe not utf-8",
     b"CON",
     b"-rf",
+    b"slots-0001",
+    b"checkpoint",
 ]
 
 
-async def test_hostile_keys_stay_inside_path(root: Path, tmp_path: Path) -> None:
-    before = sorted(p.name for p in tmp_path.iterdir())
-    assert before == []
-    async with SSDTier(root, 64 * MiB) as t:
+async def test_hostile_keys_stay_inside_the_slots(root: Path, tmp_path: Path) -> None:
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    async with SSDTier(root, MiB, block_size=4096) as t:
         for i, k in enumerate(HOSTILE):
             await t.write(k, bytes([i]) * 10)
         for i, k in enumerate(HOSTILE):
             assert await read(t, k) == bytes([i]) * 10
-        files = block_files(root)
-        assert len(files) == len(HOSTILE)
-        for f in files:
-            assert f.resolve().is_relative_to(root.resolve())
-            assert f.parent.parent == root
         for k in HOSTILE:
             assert await t.remove(k)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ssd"]
     assert not Path("/tmp/escape").exists()
-    everything = [p for p in root.rglob("*") if p.is_file()]
-    assert {p.name for p in everything} == {"lock", "aiotier-ssd", "recency"}
+    assert {p.name for p in root.iterdir()} == {
+        "lock", "aiotier-ssd", "checkpoint", "last-open", "slots-0000",
+    }  # fmt: skip
 
 
 # -- failures ---------------------------------------------------------------------------------
 
 
 @pytest.fixture
-def enospc(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None]:
-    """Make every ``os.writev`` fail with ENOSPC while switched on."""
-    real = os.writev
+def eio(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None]:
+    """Make every ``os.pwritev`` fail with EIO while switched on."""
+    real = os.pwritev
     state = {"on": False}
 
-    def writev(fd: int, bufs: Any) -> int:
+    def pwritev(fd: int, bufs: Any, offset: int) -> int:
         if state["on"]:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd, bufs)
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, bufs, offset)
 
-    monkeypatch.setattr(os, "writev", writev)
+    monkeypatch.setattr(os, "pwritev", pwritev)
 
     def switch(on: bool) -> None:
         state["on"] = on
@@ -846,50 +958,52 @@ def enospc(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None]:
     return switch
 
 
-async def test_enospc_fails_the_write_leaves_no_temporary_and_the_tier_goes_on(
-    tier: SSDTier, root: Path, enospc: Callable[[bool], None]
+async def test_a_failed_write_drops_the_older_copy_and_the_tier_goes_on(
+    tier: SSDTier, root: Path, eio: Callable[[bool], None]
 ) -> None:
     await tier.write(b"old", b"1" * 1000)
     await tier.write(b"k", b"previous")
-    enospc(True)
-    with pytest.raises(TierUnavailableError, match="No space left") as info:
+    size = sum(f.stat().st_size for f in slot_files(root))
+    eio(True)
+    with pytest.raises(TierUnavailableError, match="Input/output error") as info:
         await tier.write(b"k", b"newer")
     assert isinstance(info.value.__cause__, OSError)
-    assert info.value.__cause__.errno == errno.ENOSPC
-    assert temp_files(root) == []
+    assert info.value.__cause__.errno == errno.EIO
     # the older version is gone too: no tier returns older bytes after a newer write
     assert await tier.lookup(b"k") is LookupResult.MISS
     assert await read(tier, b"k") is None
     errs = await tier.write_many([(b"a", b"x"), (b"b", b"y")])
     assert all(isinstance(e, TierUnavailableError) for e in errs)
-    assert temp_files(root) == []
-    enospc(False)
+    eio(False)
     await tier.write(b"k", b"after")
     assert await read(tier, b"k") == b"after"
     assert await read(tier, b"old") == b"1" * 1000
-    u = tier.usage()
-    assert u.blocks == 2
-    assert sum(p.stat().st_size for p in block_files(root)) == u.bytes_used
+    assert tier.usage().blocks == 2
+    assert sum(f.stat().st_size for f in slot_files(root)) == size  # never grows
 
 
-async def test_fsync_mode_writes_and_survives_restart(root: Path) -> None:
+async def test_fsync_mode_syncs_each_batch_once_per_file_and_survives_restart(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     synced: list[int] = []
-    real = os.fsync
+    real = os.fdatasync
 
-    def fsync(fd: int) -> None:
+    def fdatasync(fd: int) -> None:
         synced.append(fd)
         real(fd)
 
-    mp = pytest.MonkeyPatch()
-    mp.setattr(os, "fsync", fsync)
-    try:
-        async with SSDTier(root, MiB, fsync=True) as t:
-            await t.write(b"k", b"durable")
-        assert len(synced) >= 2  # the file and its directory
-    finally:
-        mp.undo()
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    async with SSDTier(root, MiB, fsync=True, block_size=4096, io_threads=1) as t:
+        await t.write(b"k", b"durable")
+        assert len(synced) == 1
+        assert await t.write_many([(f"b{i}".encode(), b"x") for i in range(10)]) == [None] * 10
+        assert len(synced) == 2  # one group commit for the batch
+        assert await t.remove(b"b0")
+        assert len(synced) == 3  # a remove is durable too
+    monkeypatch.undo()
     async with SSDTier(root, MiB) as t:
         assert await read(t, b"k") == b"durable"
+        assert await t.lookup(b"b0") is LookupResult.MISS
 
 
 # -- the event loop ---------------------------------------------------------------------------
@@ -921,23 +1035,23 @@ async def test_cancelled_read_does_not_return_while_its_thread_writes_the_buffer
     with pytest.raises(asyncio.CancelledError):
         await task
     assert bytes(buf) == b"v" * 1000  # the thread finished before the caller got control back
+    assert tier.index.holds[tier.index.lru[b"k"]] == 0
 
 
 async def test_queued_read_cancelled_before_its_hop_is_withdrawn(root: Path) -> None:
-    async with SSDTier(root, MiB, io_threads=1) as t:
+    async with SSDTier(root, MiB, io_threads=1, block_size=4096) as t:
         await t.write(b"k", b"v" * 10)
         task = asyncio.ensure_future(t.read_into(b"k", memoryview(bytearray(10))))
         await asyncio.sleep(0)  # queued, the flush not yet run
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        assert t.index.holds[t.index.lru[b"k"]] == 0  # the withdrawn read let go of its slot
         assert await read(t, b"k") == b"v" * 10
 
 
 async def test_no_blocking_call_on_the_event_loop(root: Path) -> None:
-    from blockbuster import blockbuster_ctx
-
-    t = SSDTier(root, 16 * MiB)
+    t = SSDTier(root, 16 * MiB, block_size=BS)
     with blockbuster_ctx():
         await t.open()
         await t.write(b"k", os.urandom(100_000))
@@ -949,67 +1063,205 @@ async def test_no_blocking_call_on_the_event_loop(root: Path) -> None:
         assert out == [100_000, 300_000]
         assert await t.remove(b"k")
         await t.aclose()
+        await t.open()  # from the checkpoint
+        assert t.usage().blocks == 20
+        await t.aclose()
 
 
-def test_scan_directory_reads_without_changing(root: Path) -> None:
+def _drop_cached_pages(path: Path, offset: int, length: int) -> None:
+    """Evict a range of ``path`` from the page cache (clean pages only)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+async def _simulate_page_cache(
+    tier: SSDTier,
+    monkeypatch: pytest.MonkeyPatch,
+    blocks: dict[bytes, bytes],
+    cached: dict[bytes, int],
+) -> list[tuple[str, bytes]]:
+    """Read ``blocks`` in one op with the page cache simulated: a key in ``cached`` has only
+    its first ``cached[key]`` bytes in memory. The order of non-blocking probes ("start") and
+    of reads that wait for the disk ("complete")."""
+    keys = list(blocks)
+    bufs = [bytearray(len(v)) for v in blocks.values()]
+    key_of_buf = {id(b): k for k, b in zip(keys, bufs, strict=True)}
+    nowait = _runner(tier).nowait
+    real_nowait = nowait.preadv
+    order: list[tuple[str, bytes]] = []
+
+    def preadv_nowait(fd: int, views: list[memoryview], offset: int) -> int:
+        key = key_of_buf[id(views[1].obj)]
+        order.append(("start", key))
+        if key not in cached:
+            return real_nowait(fd, views, offset)
+        return os.preadv(fd, _first_bytes(views, cached[key]), offset) if cached[key] else 0
+
+    real_read = ops.read_exact_into
+
+    def read_exact_into(fd: int, views: list[memoryview], offset: int) -> int:
+        order.append(("complete", key_of_buf[id(views[-1].obj)]))
+        return real_read(fd, views, offset)
+
+    monkeypatch.setattr(nowait, "preadv", preadv_nowait)
+    monkeypatch.setattr(ops, "read_exact_into", read_exact_into)
+    monkeypatch.setattr(tier, "_parts", lambda n, runner: 1)  # one op: the order is exact
+    got = await tier.read_many_into(keys, [memoryview(b) for b in bufs])
+    assert got == [len(v) for v in blocks.values()]
+    assert [bytes(b) for b in bufs] == list(blocks.values())
+    return order
+
+
+async def test_scattered_cold_blocks_are_read_after_the_warm_ones(
+    tier: SSDTier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """k1 wholly on disk, k3 cached for its first 70,000 bytes, the blocks far apart: every
+    block is probed first, then the cold ones are advised together and read, each from where
+    its cache ended."""
+    blocks = {f"k{i}".encode(): os.urandom(300_000) for i in range(5)}
+    for i, (k, v) in enumerate(blocks.items()):
+        await tier.write(k, v)
+        for j in range(3):  # blocks of other keys between them
+            await tier.write(f"filler-{i}-{j}".encode(), b"f")
+    assert all(b - a > 3 for a, b in pairwise(tier.index.lru[k] for k in blocks))
+    order = await _simulate_page_cache(tier, monkeypatch, blocks, {b"k1": 0, b"k3": 70_000})
+    assert order == [("start", k) for k in blocks] + [("complete", b"k1"), ("complete", b"k3")]
+
+
+async def test_a_cold_forward_run_is_read_in_order_without_probing(
+    tier: SSDTier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks in neighbouring slots, cold from k1 on: the rest of the op is read in file order
+    with plain reads, so the kernel's readahead streams it (no probe, no advice)."""
+    blocks = {f"k{i}".encode(): os.urandom(300_000) for i in range(5)}
+    await tier.write_many(list(blocks.items()))
+    blocks = {k: blocks[k] for k in sorted(blocks, key=lambda k: tier.index.lru[k])}
+    first, second, *rest = blocks
+    order = await _simulate_page_cache(tier, monkeypatch, blocks, {second: 0})
+    assert order == [("start", first), ("start", second)] + [
+        ("complete", k) for k in (second, *rest)
+    ]
+
+
+async def test_while_the_tier_reads_from_the_disk_a_batch_is_one_stream_in_file_order(
+    tier: SSDTier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe found the disk a moment ago: the next batch goes to one thread and is read in
+    file order, unprobed (one stream for the kernel's readahead), whatever order it came in."""
+    blocks = {f"k{i}".encode(): os.urandom(300_000) for i in range(6)}
+    await tier.write_many(list(blocks.items()))
+    probe = _runner(tier).nowait
+    probe.found_at = time.monotonic()
+    probe.resting_until = probe.found_at + 60
+    assert tier._parts(64, _runner(tier)) == 1
+    in_file_order = sorted(blocks, key=lambda k: tier.index.lru[k])
+    shuffled = {k: blocks[k] for k in reversed(in_file_order)}
+    order = await _simulate_page_cache(tier, monkeypatch, shuffled, {})
+    assert order == [("complete", k) for k in in_file_order]
+
+
+def _first_bytes(views: list[memoryview], n: int) -> list[memoryview]:
+    """The first ``n`` bytes of ``views`` (the part a partly cached file has in memory)."""
+    out: list[memoryview] = []
+    for v in views:
+        if n <= 0:
+            break
+        out.append(v[:n])
+        n -= min(n, v.nbytes)
+    return out
+
+
+async def test_really_cold_blocks_read_back_exactly(tier: SSDTier, root: Path) -> None:
+    blocks = {f"k{i}".encode(): os.urandom(300_000) for i in range(6)}
+    await tier.write_many(list(blocks.items()))
+    for k in (b"k1", b"k3", b"k4"):
+        path, off = where(tier, k)
+        _drop_cached_pages(path, off, slot_size(BS))
+    keys = list(blocks)
+    bufs = [bytearray(300_000) for _ in keys]
+    got = await tier.read_many_into(keys, [memoryview(b) for b in bufs])
+    assert got == [300_000] * len(keys)
+    assert [bytes(b) for b in bufs] == list(blocks.values())
+
+
+async def test_reads_work_where_the_file_system_refuses_rwf_nowait(
+    tier: SSDTier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await tier.write(b"k", b"v" * 5000)
+    real_preadv = os.preadv
+    refused: list[int] = []
+
+    def preadv(fd: int, views: Any, offset: int, flags: int = 0) -> int:
+        if flags:
+            refused.append(flags)
+            raise OSError(errno.EOPNOTSUPP, "not supported")
+        return real_preadv(fd, views, offset)
+
+    nowait: NowaitProbe = _runner(tier).nowait
+    monkeypatch.setattr(nowait, "flag", getattr(os, "RWF_NOWAIT", 0) or 8)
+    monkeypatch.setattr(os, "preadv", preadv)
+    assert await read(tier, b"k") == b"v" * 5000
+    assert await read(tier, b"k") == b"v" * 5000
+    assert len(refused) == 1  # asked once, then every read blocks
+    assert nowait.flag == 0
+
+
+# -- inspect ----------------------------------------------------------------------------------
+
+
+def test_inspect_reads_a_directory_without_changing_it(root: Path) -> None:
     async def fill() -> None:
-        async with SSDTier(root, MiB) as t:
+        async with SSDTier(root, MiB, block_size=4096) as t:
             await t.write_many([(b"a", b"1" * 100), (b"b", b"2" * 200)])
 
     asyncio.run(fill())
-    (root / "00" / ".tmp-x").write_bytes(b"")
-    info = scan_directory(root)
-    assert (info.blocks, info.temporaries, info.torn) == (2, 1, 0)
-    assert info.bytes == 2 * HEADER.size + 2 + 300
-    assert (root / "00" / ".tmp-x").exists()
+    before = {p.name: p.read_bytes() for p in root.iterdir()}
+    info = inspect_directory(root)
+    assert (info.format, info.blocks, info.source, info.block_size) == (2, 2, "checkpoint", 4096)
+    assert info.slots == MiB // slot_size(4096)
+    assert info.free_slots == info.slots - 2
+    assert info.allocated_bytes >= info.file_bytes == info.slots * slot_size(4096)
+    assert info.last_start is not None and info.last_start["after"] == "new"
+    (root / "checkpoint").unlink()
+    info = inspect_directory(root)
+    assert (info.blocks, info.source, info.torn) == (2, "scan", 0)
+    after = {p.name: p.read_bytes() for p in root.iterdir()}
+    before.pop("checkpoint")
+    assert after == before
 
 
-async def test_concurrent_writes_removes_and_evictions_keep_index_and_disk_in_step(
-    root: Path,
-) -> None:
-    rng = __import__("random").Random(11)
-    async with SSDTier(root, 20_000, io_threads=3) as t:
-        keys = [f"k{i}".encode() for i in range(12)]
+def test_the_nowait_probe_rests_after_finding_the_disk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe that found part of a block on disk sends the next reads straight to the disk
+    path (no syscall) for ``rest`` seconds, then probes again."""
+    calls: list[int] = []
+    cached = {"bytes": 10}
 
-        async def worker(n: int) -> None:
-            for _ in range(40):
-                k = rng.choice(keys)
-                op = rng.random()
-                if op < 0.5:
-                    await t.write(k, k + bytes([n]) * rng.randrange(10, 3000))
-                elif op < 0.6:
-                    await t.remove(k)
-                elif op < 0.8:
-                    await t.write_many([(k, k * 50), (rng.choice(keys), b"w" * 2000)])
-                else:
-                    got = await read(t, k)
-                    assert got is None or got.startswith(k) or got == b"w" * 2000
+    def preadv(fd: int, views: Any, offset: int, flags: int = 0) -> int:
+        calls.append(flags)
+        return cached["bytes"]
 
-        await asyncio.gather(*(worker(n) for n in range(8)))
-        await until(lambda: _runner(t).idle)
-        u = t.usage()
-        assert u.bytes_used <= 20_000
-        files = block_files(root)
-        assert sum(p.stat().st_size for p in files) == u.bytes_used
-        assert len(files) == u.blocks
-        assert temp_files(root) == []
-
-
-async def test_batched_reads_with_missing_and_planted_files(
-    tier: SSDTier, root: Path, tmp_path: Path
-) -> None:
-    blocks = {f"k{i}".encode(): bytes([i]) * 5000 for i in range(6)}
-    assert await tier.write_many(list(blocks.items())) == [None] * 6
-    file_of(root, b"k1", 5000).unlink()  # gone behind the tier's back
-    planted = file_of(root, b"k2", 5000)
-    planted.unlink()
-    planted.symlink_to(tmp_path / "elsewhere")  # never followed
-    keys = list(blocks)
-    bufs = [memoryview(bytearray(5000)) for _ in keys]
-    out = await tier.read_many_into(keys, bufs)  # one hop: open + WILLNEED all, then read
-    assert out[0] == out[3] == out[4] == out[5] == 5000
-    assert out[1] == -1
-    assert isinstance(out[2], TierUnavailableError)
-    for i in (0, 3, 4, 5):
-        assert bytes(bufs[i]) == blocks[keys[i]]
-    assert await tier.lookup(b"k1") is LookupResult.MISS
+    monkeypatch.setattr(os, "preadv", preadv)
+    clock = {"now": 100.0}
+    monkeypatch.setattr("aiotier.tiers._ssd.syscalls.time.monotonic", lambda: clock["now"])
+    probe = NowaitProbe(flag=8)
+    view = [memoryview(bytearray(10)), memoryview(bytearray(90))]
+    assert probe.preadv(3, view, 0) == 10  # 10 of 100 bytes cached: it found the disk
+    assert probe.preadv(3, view, 0) == 0  # resting: no syscall
+    assert len(calls) == 1
+    clock["now"] += probe.rest + 0.001
+    cached["bytes"] = 100
+    assert probe.preadv(3, view, 0) == 100  # probing again; all cached: no rest
+    assert probe.preadv(3, view, 0) == 100
+    assert len(calls) == 3
+    # reads that keep going to the disk path keep it resting, up to rest_max after the find
+    cached["bytes"] = 0
+    assert probe.preadv(3, view, 0) == 0
+    found = clock["now"]
+    while clock["now"] < found + probe.rest_max + 1:
+        clock["now"] += probe.rest / 2
+        probe.rest_on()
+        assert probe.resting == (clock["now"] < found + probe.rest_max)

@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 from blockbuster import blockbuster_ctx
 
-from aiotier import LookupResult, PrimaryTier, TieringEngine, TieringError
+from aiotier import ConfigError, LookupResult, PrimaryTier, TieringEngine, TieringError
 from aiotier.tiers import MemoryTier, SSDTier
-from aiotier.tiers.framing import HEADER
-from aiotier.tiers.ssd import block_relpath, key_digest
+from aiotier.tiers._ssd.layout import Geometry
+from aiotier.tiers._ssd.slot import HEAD_SIZE
 
 BS = 64 * 1024
+SLOT = Geometry.slot_size_for(BS)
 
 
 @pytest.fixture(autouse=True)
@@ -32,21 +33,28 @@ def no_blocking_calls_in_the_event_loop() -> Iterator[None]:
         yield
 
 
-def file_of(root: Path, key: bytes, payload_len: int) -> Path:
-    return root / block_relpath(key_digest(key), HEADER.size + len(key) + payload_len)
+def slot_of(tier: SSDTier, key: bytes) -> tuple[Path, int]:
+    loc = tier.locate(key)
+    assert loc is not None
+    return Path(loc[0]), loc[1]
 
 
-def block_files(root: Path) -> list[Path]:
-    return sorted(root.glob("??/*.blk"))
+def read_slot(tier: SSDTier, key: bytes, payload_len: int) -> bytes:
+    path, off = slot_of(tier, key)
+    with path.open("rb") as f:
+        f.seek(off)
+        return f.read(HEAD_SIZE + len(key) + payload_len)
 
 
 def blob(i: int, n: int = BS) -> bytes:
     return (i.to_bytes(4, "little") * (n // 4 + 1))[:n]
 
 
-async def seed(root: Path, blocks: dict[bytes, bytes]) -> None:
-    async with SSDTier(root, 64 << 20) as t:
+async def seed(root: Path, blocks: dict[bytes, bytes]) -> dict[bytes, tuple[Path, int]]:
+    """A tier directory holding ``blocks`` (for an engine of BS-byte blocks); their slots."""
+    async with SSDTier(root, 64 << 20, block_size=BS) as t:
         assert await t.write_many(list(blocks.items())) == [None] * len(blocks)
+        return {k: slot_of(t, k) for k in blocks}
 
 
 async def test_promotion_from_ssd_lookup_retry_wait_hit_with_the_right_bytes(
@@ -87,8 +95,7 @@ async def test_write_back_demotion_lands_on_disk(tmp_path: Path) -> None:
         for i in range(8):
             k = f"k{i}".encode()
             assert ssd.contains_hint(k)
-            raw = file_of(root, k, BS).read_bytes()
-            assert raw[-BS:] == blob(i)
+            assert read_slot(ssd, k, BS)[-BS:] == blob(i)
         assert await engine.get(b"k0") == blob(0)  # and promote back
 
 
@@ -113,15 +120,21 @@ async def test_second_engine_on_the_same_path_is_refused(tmp_path: Path) -> None
         assert await engine.get(b"k") == b"v"
 
 
-def _damage(path: Path, how: str) -> None:
-    raw = bytearray(path.read_bytes())
-    if how == "payload":
-        raw[-1] ^= 0xFF
-        path.write_bytes(bytes(raw))
-    elif how == "truncate":
-        path.write_bytes(bytes(raw[: len(raw) // 2]))
-    else:
-        path.write_bytes(os.urandom(len(raw)))
+def _damage(where: tuple[Path, int], how: str) -> None:
+    """Damage the slot at ``where`` behind the tier's back: a payload byte, the file cut off
+    inside the slot, or the whole slot overwritten with garbage."""
+    path, off = where
+    with path.open("r+b") as f:
+        if how == "payload":
+            f.seek(off + HEAD_SIZE + 3 + 100)
+            byte = f.read(1)
+            f.seek(off + HEAD_SIZE + 3 + 100)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        elif how == "truncate":
+            f.truncate(off + SLOT // 2)
+        else:
+            f.seek(off)
+            f.write(os.urandom(SLOT))
 
 
 @pytest.mark.parametrize("how", ["payload", "truncate", "garbage"])
@@ -129,52 +142,70 @@ async def test_corrupted_file_is_a_miss_and_the_engine_keeps_working(
     tmp_path: Path, how: str
 ) -> None:
     root = tmp_path / "ssd"
-    blocks = {b"bad": blob(1), b"good": blob(2)}
-    await seed(root, blocks)
-    path = file_of(root, b"bad", BS)
+    blocks = {b"good": blob(2), b"bad": blob(1)}  # bad is in the second slot
+    slots = await seed(root, blocks)
     async with TieringEngine(PrimaryTier(4, BS), [SSDTier(root, 64 << 20)]) as engine:
-        _damage(path, how)  # behind the tier's back, after its index was built
+        _damage(slots[b"bad"], how)  # behind the tier's back, after its index was built
         assert await engine.lookup(b"bad") is LookupResult.RETRY
         assert await engine.wait([b"bad"], timeout=10) == [LookupResult.MISS]
         assert await engine.lookup(b"bad") is LookupResult.MISS
         assert await engine.get(b"bad") is None  # never wrong bytes
-        assert not path.exists()
         assert await engine.get(b"good") == blob(2)
         assert engine.stats().counters.get(("tier_errors", "ssd", "read"), 0) >= 1
 
 
-async def test_torn_file_found_at_open_is_removed_and_a_plain_miss(tmp_path: Path) -> None:
+async def test_a_torn_slot_found_at_open_is_free_and_a_plain_miss(tmp_path: Path) -> None:
     root = tmp_path / "ssd"
-    await seed(root, {b"torn": blob(1), b"good": blob(2)})
-    path = file_of(root, b"torn", BS)
-    _damage(path, "truncate")
-    async with TieringEngine(PrimaryTier(4, BS), [SSDTier(root, 64 << 20)]) as engine:
-        assert not path.exists()
+    slots = await seed(root, {b"good": blob(2), b"torn": blob(1)})
+    (root / "checkpoint").unlink()  # as a crash leaves it
+    path, off = slots[b"torn"]
+    with path.open("r+b") as f:  # the header half written
+        f.seek(off + 30)
+        f.write(b"\x00" * 10)
+    ssd = SSDTier(root, 64 << 20)
+    async with TieringEngine(PrimaryTier(4, BS), [ssd]) as engine:
+        assert ssd.last_start is not None and ssd.last_start.torn == 1
+        assert engine.stats().tiers["ssd"].started == "crash"
         assert await engine.lookup(b"torn") is LookupResult.MISS
         assert await engine.get(b"good") == blob(2)
 
 
-async def test_enospc_during_write_back_is_counted_and_the_engine_goes_on(
+async def test_the_engine_gives_the_tier_its_block_size(tmp_path: Path) -> None:
+    ssd = SSDTier(tmp_path / "ssd", 1 << 20)
+    async with TieringEngine(PrimaryTier(4, 4096), [ssd]) as engine:
+        assert ssd.block_size == 4096
+        assert await engine.put(b"k", b"v" * 4096)
+    assert engine.stats().tiers["ssd"].started == "new"
+    # a directory made for other blocks, or a tier told another size, is a clear error
+    other = TieringEngine(PrimaryTier(4, 8192), [SSDTier(tmp_path / "ssd", 1 << 20)])
+    with pytest.raises(ConfigError, match="4096"):
+        await other.open()
+    mismatched = TieringEngine(PrimaryTier(4, 8192), [SSDTier(tmp_path / "x", 1 << 20,
+                                                              block_size=4096)])  # fmt: skip
+    with pytest.raises(ConfigError, match="8192"):
+        await mismatched.open()
+
+
+async def test_disk_errors_during_write_back_are_counted_and_the_engine_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = tmp_path / "ssd"
-    real = os.writev
-    full = {"on": True}
+    real = os.pwritev
+    broken = {"on": True}
 
-    def writev(fd: int, bufs: Any) -> int:
-        if full["on"]:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd, bufs)
+    def pwritev(fd: int, bufs: Any, offset: int) -> int:
+        if broken["on"]:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, bufs, offset)
 
-    monkeypatch.setattr(os, "writev", writev)
+    monkeypatch.setattr(os, "pwritev", pwritev)
     ssd = SSDTier(root, 64 << 20)
     async with TieringEngine(PrimaryTier(2, BS), [ssd]) as engine:
         for i in range(6):
             assert await engine.put(f"k{i}".encode(), blob(i))
         await engine.flush(timeout=10)
         assert engine.stats().counters.get(("tier_errors", "ssd", "write"), 0) >= 4
-        assert not list(root.rglob(".tmp-*"))
-        full["on"] = False
+        broken["on"] = False
         for i in range(6, 12):
             assert await engine.put(f"k{i}".encode(), blob(i))
         await engine.flush(timeout=10)
@@ -184,8 +215,7 @@ async def test_enospc_during_write_back_is_counted_and_the_engine_goes_on(
 
 async def test_ssd_evictions_cascade_to_the_tier_below(tmp_path: Path) -> None:
     root = tmp_path / "ssd"
-    size = HEADER.size + 2 + BS
-    ssd = SSDTier(root, 3 * size)
+    ssd = SSDTier(root, 3 * SLOT)
     below = MemoryTier(64 << 20, name="below")
     async with TieringEngine(PrimaryTier(2, BS), [ssd, below]) as engine:
         for i in range(9):
@@ -193,7 +223,7 @@ async def test_ssd_evictions_cascade_to_the_tier_below(tmp_path: Path) -> None:
         await engine.flush(timeout=10)
         await engine.flush(timeout=10)  # the cascade is queued by the first flush's writes
         assert ssd.evictions > 0
-        assert ssd.usage().bytes_used <= 3 * size
+        assert ssd.usage().bytes_used <= 3 * SLOT
         for i in range(9):
             assert await engine.get(f"k{i}".encode()) == blob(i)
 
@@ -208,8 +238,7 @@ async def test_evictions_of_the_last_tier_are_reported_as_removed_events(
     from aiotier.testing import FaultyTier
 
     root = tmp_path / "ssd"
-    size = HEADER.size + 2 + BS
-    ssd = SSDTier(root, 3 * size)
+    ssd = SSDTier(root, 3 * SLOT)
     tier = FaultyTier(ssd, seed=0) if wrapped else ssd
     async with TieringEngine(PrimaryTier(2, BS), [tier], write_policy="write_back") as engine:
         assert ssd.report_evicted and not ssd.handover_evicted
@@ -233,16 +262,17 @@ async def test_evictions_of_the_last_tier_are_reported_as_removed_events(
         assert ssd.take_evicted_keys() == []  # taken by the engine
 
 
-async def test_a_tier_without_an_engine_does_not_read_its_victims(
+async def test_evictions_with_nothing_below_read_nothing_from_disk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The victims' keys are in the index: naming them costs no read (a tier used alone, or
+    the last tier of an engine); only a hand-over to a tier below reads their bytes."""
     from aiotier.tiers._ssd import ops
 
-    reads: list[str] = []
-    real = ops.read_block_key
-    monkeypatch.setattr(ops, "read_block_key", lambda p: reads.append(p) or real(p))
-    size = HEADER.size + 2 + 100
-    async with SSDTier(tmp_path / "ssd", 2 * size) as t:
+    reads: list[int] = []
+    real = ops.read_slot
+    monkeypatch.setattr(ops, "read_slot", lambda *a: reads.append(1) or real(*a))
+    async with SSDTier(tmp_path / "ssd", 2 * Geometry.slot_size_for(100), block_size=100) as t:
         assert await t.write_many([(f"k{i}".encode(), b"v" * 100) for i in range(5)]) == [None] * 5
         assert t.evictions == 3
         assert t.take_evicted_keys() == []

@@ -1,343 +1,299 @@
-"""The SSD tier's disk operations as data: what one block read, write or unlink needs on a
-thread, and the callback that applies its outcome on the loop.
+"""The SSD tier's disk operations as data: reads, writes and clearings of slots, each a run of
+several slots done in one thread hop, and the callback that applies the outcome on the loop.
 
-An op holds paths, the key, the caller's buffer and flags, and the :class:`BlockFiles` of its
-directory; it never holds the tier. The tier builds ops from its index (``SSDTier._read_op``,
-``_write_op``) and learns their outcome through the ``done`` / ``release`` callbacks it passed
-in; :class:`~.hops.HopRunner` runs them. A layout of fixed-size slots in preallocated files
-would bring its own ops (reads and writes at offsets of open descriptors) and keep the runner.
+An op holds file descriptors, offsets, keys, sequence numbers and the caller's buffers, never
+the tier or its index: the tier builds ops from its index plans and learns their outcome
+through the ``done`` callback it passed in; :class:`~.hops.HopRunner` runs them. One op carries
+many slots so that the event loop's cost of a batch does not grow with an object, a future and
+a callback per block; the tier makes one op per thread for a batch, so the batch still spreads
+over every thread.
+
+Between two blocks an op yields its CPU (:func:`~.syscalls.yield_cpu`): with as many copying
+threads as CPUs, the event loop could otherwise wait for a CPU until the kernel's next tick (a
+kernel built without preemption switches no sooner); after a yield it waits at most one
+block's copy.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
-from ..framing import HEADER, encode_header
+from ...errors import BlockCorruptedError
 from .hops import NEEDS_DISK, DiskOp
-from .layout import block_path, tmp_path
-from .syscalls import (
-    TMP_FLAGS,
-    NowaitProbe,
-    fsync_dir,
-    open_for_read,
-    read_block_key,
-    read_exact_into,
-    read_whole_block,
-    skip_views,
-    unlink_quiet,
-    verify_block,
-    write_all,
-)
+from .slot import CLEARED, HEAD_SIZE, check_slot, encode_head
+from .syscalls import NowaitProbe, pwrite_all, read_exact_into, skip_views, yield_cpu
 
-__all__ = ["BlockFiles", "BlockOp", "ReadOp", "UnlinkOp", "WriteOp"]
-
-log = logging.getLogger("aiotier.ssd")
+__all__ = ["SlotClears", "SlotOp", "SlotReads", "SlotWrites", "read_slot"]
 
 
-class BlockFiles:
-    """One tier directory's block files: what every op on them shares (the root, the tier's
-    name for messages, ``fsync``), and the names and stamps each write needs."""
+#: Cold reads this close together are advised as one range (the bytes between are few).
+_MERGE_GAP = 64 << 10
 
-    __slots__ = ("_tmp_seq", "fsync", "last_stamp", "root", "tier_name")
 
-    def __init__(self, root: str, tier_name: str, *, fsync: bool, last_stamp: int = 0) -> None:
-        self.root = root
-        self.tier_name = tier_name
-        self.fsync = fsync
-        #: The newest mtime written or found by the scan (ns): the next write stamps later.
-        self.last_stamp = last_stamp
-        self._tmp_seq = 0
+def _advise(fd: int, start: int, end: int) -> None:
+    if fd >= 0:
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
 
-    def path(self, digest: bytes, size: int) -> str:
-        return block_path(self.root, digest, size)
 
-    def next_stamp(self) -> int:
-        """A strictly increasing wall-clock ns stamp: file mtimes carry exact write order.
-
-        File systems stamp mtimes from a coarse clock (a few ms), so writes set their own.
-        """
-        t = time.time_ns()
-        if t <= self.last_stamp:
-            t = self.last_stamp + 1
-        self.last_stamp = t
-        return t
-
-    def write(
-        self,
-        key: bytes,
-        digest: bytes,
-        size: int,
-        data: memoryview,
-        old_size: int | None,
-        victims: list[tuple[bytes, int]],
-        *,
-        handover: bool,
-        done: Callable[[WriteOp, Any], None],
-    ) -> WriteOp:
-        """The write of a block of ``size`` bytes on disk, replacing a file of ``old_size``
-        and unlinking the ``(digest, size)`` victims first."""
-        self._tmp_seq += 1
-        return WriteOp(
-            self,
-            key,
-            digest,
-            size,
-            data,
-            self.path(digest, size),
-            tmp_path(self.root, digest, self._tmp_seq),
-            None if old_size is None or old_size == size else self.path(digest, old_size),
-            [self.path(d, s) for d, s in victims],
-            handover=handover,
-            stamp=self.next_stamp(),
-            done=done,
+def _verify(head: bytearray, key: bytes, seq: int, view: memoryview, got: int) -> int:
+    if got != len(head) + view.nbytes:
+        raise BlockCorruptedError(
+            f"key {key[:64]!r}: slot truncated: {got} of {len(head) + view.nbytes} bytes read"
         )
+    return check_slot(head, key, seq, view)
 
 
-class BlockOp(DiskOp):
-    """An op on one block's file, whose outcome the tier applies to its index: ``done(op,
-    outcome)`` on the loop, a callback passed in rather than a reference to the tier."""
+def _write_each(
+    fds: list[int], write: Callable[[int], object], fsync: bool
+) -> list[OSError | None]:
+    """``write(i)`` for each of the op's slots, then with ``fsync`` one ``fdatasync`` per file
+    written (a file that fails to sync fails each of its writes): per slot the ``OSError`` or
+    None. The CPU is yielded between two writes (see the module doc)."""
+    errors: list[OSError | None] = [None] * len(fds)
+    touched: dict[int, list[int]] = {}
+    for i, fd in enumerate(fds):
+        if i:
+            yield_cpu()
+        try:
+            write(i)
+        except OSError as exc:
+            errors[i] = exc
+            continue
+        touched.setdefault(fd, []).append(i)
+    if fsync:
+        for fd, written in touched.items():
+            try:
+                os.fdatasync(fd)
+            except OSError as exc:
+                for i in written:
+                    errors[i] = exc
+    return errors
 
-    __slots__ = ("digest", "done", "files", "key", "size")
+
+def read_slot(fd: int, offset: int, key: bytes, seq: int, length: int) -> bytes | None:
+    """The payload of write ``seq`` of ``key`` in the slot at ``offset``, verified; None when
+    the slot holds anything else (a victim's bytes, read before its slot is overwritten)."""
+    try:
+        head = os.pread(fd, HEAD_SIZE + len(key), offset)
+        payload = os.pread(fd, length, offset + len(head))
+        check_slot(head, key, seq, memoryview(payload))
+    except (OSError, BlockCorruptedError):
+        return None
+    return payload
+
+
+class SlotOp(DiskOp):
+    """An op on slots of open files (``fds[i]`` at ``offsets[i]``) whose outcome the tier
+    applies: ``done(op, outcome)`` on the loop, a callback passed in rather than the tier."""
+
+    __slots__ = ("done", "fds", "offsets")
 
     def __init__(
-        self,
-        files: BlockFiles,
-        key: bytes,
-        digest: bytes,
-        size: int,
-        done: Callable[[Any, Any], None],
+        self, fds: list[int], offsets: list[int], nbytes: int, done: Callable[[Any, Any], None]
     ) -> None:
-        DiskOp.__init__(self, size)  # not super(): ops are made per block, on the loop
-        self.files = files
-        self.key = key
-        self.digest = digest
-        #: The block file's size: header, key and payload.
-        self.size = size
+        DiskOp.__init__(self, nbytes)  # not super(): ops are made per batch, on the loop
+        self.fds = fds
+        self.offsets = offsets
         self.done = done
 
     def finish(self, outcome: Any) -> None:
         self.done(self, outcome)
 
 
-class ReadOp(BlockOp):
-    """Read one block file (header and payload) straight into the caller's buffer, verified.
+class SlotReads(SlotOp):
+    """Blocks read straight into caller buffers: per block one ``preadv`` of header and payload
+    at the slot's offset in an open file, then :func:`~.slot.check_slot` (one hash call).
 
-    The outcome is the payload length, -1 when the file is gone, or the exception.
+    :meth:`start` takes what the page cache holds (``RWF_NOWAIT``); blocks that would wait for
+    the disk are advised ``WILLNEED`` together and read by :meth:`complete`, so one cold block
+    never holds up the warm ones. The outcome is a list: per block its length or the exception.
     """
 
-    __slots__ = ("buf", "fd", "got", "hdr", "path", "payload_len", "writes_seen")
+    __slots__ = ("cold", "keys", "out", "seqs", "slots", "views")
 
     def __init__(
         self,
-        files: BlockFiles,
-        key: bytes,
-        digest: bytes,
-        size: int,
-        payload_len: int,
-        buf: memoryview,
-        writes_seen: int,
-        done: Callable[[ReadOp, Any], None],
+        fds: list[int],
+        offsets: list[int],
+        keys: list[bytes],
+        seqs: list[int],
+        views: list[memoryview],
+        slots: list[int],
+        nbytes: int,
+        done: Callable[[SlotReads, Any], None],
     ) -> None:
-        BlockOp.__init__(self, files, key, digest, size, done)
-        self.payload_len = payload_len
-        self.buf = buf
-        #: The tier's write count when the read was queued (-1: a write of this key was in
-        #: flight), so that a missing file proves the block gone only if no write began since.
-        self.writes_seen = writes_seen
-        # path is named on the thread by start(); fd, hdr and got are set by start() only when
-        # the page cache did not hold the whole block (for advise() and complete()).
-        self.fd: int
-        self.hdr: bytearray
-        self.got: int
-        self.path: str
+        """Read block ``i`` (write ``seqs[i]`` of ``keys[i]``, ``views[i].nbytes`` bytes of
+        payload) from ``offsets[i]`` of ``fds[i]`` into ``views[i]``. ``slots`` is loop-side
+        data for ``done``."""
+        SlotOp.__init__(self, fds, offsets, nbytes, done)
+        self.keys = keys
+        self.seqs = seqs
+        self.views = views
+        self.slots = slots
+        self.out: list[Any] = []
+        self.cold: list[tuple[int, bytearray, int]] = []
 
     def start(self, nowait: NowaitProbe) -> Any:
-        """Open and read what the page cache holds: the outcome, or NEEDS_DISK.
+        fds, offsets, keys, seqs, views = self.fds, self.offsets, self.keys, self.seqs, self.views
+        out: list[Any] = [None] * len(keys)
+        cold = self.cold
+        if nowait.resting and self._forward_run(0):
+            # The tier is reading from the disk: this op is one stream, read in order unprobed.
+            nowait.rest_on()
+            cold.extend((i, bytearray(HEAD_SIZE + len(k)), 0) for i, k in enumerate(keys))
+            self.out = out
+            return NEEDS_DISK
+        for i, key in enumerate(keys):
+            if i:
+                yield_cpu()
+            view = views[i]
+            head = bytearray(HEAD_SIZE + len(key))
+            try:
+                got = nowait.preadv(fds[i], [memoryview(head), view], offsets[i])
+                if got == len(head) + view.nbytes:
+                    out[i] = check_slot(head, key, seqs[i], view)
+                    continue
+            except (OSError, BlockCorruptedError) as exc:
+                out[i] = exc
+                continue
+            cold.append((i, head, got))
+            if i + 2 < len(keys) and self._forward_run(i):
+                # The rest of the op reads one file forwards: read it in order without probing
+                # or advising, so the kernel's readahead sees (and streams) a sequential read.
+                scattered = len(cold) - 1
+                cold.extend((j, bytearray(HEAD_SIZE + len(keys[j])), 0)
+                            for j in range(i + 1, len(keys)))  # fmt: skip
+                break
+        else:
+            scattered = len(cold)
+        self.out = out
+        if not cold:
+            return out
+        # The scattered cold blocks: one WILLNEED per run of near ones, so the kernel fetches
+        # them all at once, in a few large requests. A hole of up to twice a read's length is
+        # advised with it (another thread's block, most likely), a larger one splits the run.
+        fd, start, end = -1, 0, 0
+        for i, head, got in cold[:scattered]:
+            lo, hi = offsets[i] + got, offsets[i] + len(head) + views[i].nbytes
+            if fds[i] == fd and start <= lo <= end + max(_MERGE_GAP, 2 * (hi - lo)):
+                end = max(end, hi)
+                continue
+            _advise(fd, start, end)
+            fd, start, end = fds[i], lo, hi
+        _advise(fd, start, end)
+        return NEEDS_DISK
 
-        No ``utime`` on reads: it dirties the inode (a journal write) on every promotion; read
-        recency survives a clean restart through the recency file instead.
-        """
-        self.path = block_path(self.files.root, self.digest, self.size)
-        fd = open_for_read(self.path)
-        if fd is None:
-            return -1
-        try:
-            hdr = bytearray(HEADER.size + len(self.key))
-            views = [memoryview(hdr), self.buf]
-            got = nowait.preadv(fd, views, 0)
-            if got != len(hdr) + self.payload_len:
-                self.fd, self.hdr, self.got = fd, hdr, got
-                fd = -1  # complete() closes it
-                return NEEDS_DISK
-            return verify_block(fd, self.path, self.key, hdr, self.buf, got, self.files.tier_name)
-        finally:
-            if fd >= 0:
-                os.close(fd)
+    def _forward_run(self, i: int) -> bool:
+        """Whether blocks ``i`` on are each in the same file a little after the one before
+        (at most a read's length or two of another thread's blocks between them)."""
+        fds, offsets, keys, views = self.fds, self.offsets, self.keys, self.views
+        for j in range(i, len(keys) - 1):
+            end = offsets[j] + HEAD_SIZE + len(keys[j]) + views[j].nbytes
+            hole = offsets[j + 1] - end
+            if fds[j + 1] != fds[j] or not 0 <= hole <= max(_MERGE_GAP, 2 * (end - offsets[j])):
+                return False
+        return True
 
-    def advise(self) -> None:
-        with contextlib.suppress(OSError):
-            os.posix_fadvise(self.fd, self.got, 0, os.POSIX_FADV_WILLNEED)
-
-    def complete(self) -> int:
-        """Read the rest (waiting for the disk), verify, close."""
-        fd = self.fd
-        try:
-            views = [memoryview(self.hdr), self.buf]
-            got = self.got + read_exact_into(fd, skip_views(views, self.got), self.got)
-            name = self.files.tier_name
-            return verify_block(fd, self.path, self.key, self.hdr, self.buf, got, name)
-        finally:
-            os.close(fd)
+    def complete(self) -> list[Any]:
+        """Read the rest of the cold blocks (waiting for the disk), verify them."""
+        out = self.out
+        for n, (i, head, got) in enumerate(self.cold):
+            if n:
+                yield_cpu()
+            view = self.views[i]
+            try:
+                views = skip_views([memoryview(head), view], got)
+                got += read_exact_into(self.fds[i], views, self.offsets[i] + got)
+                out[i] = _verify(head, self.keys[i], self.seqs[i], view, got)
+            except (OSError, BlockCorruptedError) as exc:
+                out[i] = exc
+        self.cold = []
+        return out
 
 
-class WriteOp(BlockOp):
-    """Make room (unlink the victims, reading them first if they are handed over), then write
-    one block to a temporary and rename it into place.
+class SlotWrites(SlotOp):
+    """Blocks written into their planned slots, header last, then with ``fsync`` one
+    ``fdatasync`` per file touched (a group commit).
 
-    The outcome is ``(victims, failure)``: the victims' ``(key, payload)`` are returned even
-    when the write fails, since their files are gone either way.
+    Per block: the victim's bytes are read first when they go to the tier below; a slot whose
+    header may still be valid (a victim's) has it cleared; then the payload, then the header. A
+    process killed at any point leaves the slot either whole or with a header that does not
+    verify (the start-up scan counts it free). The outcome is ``(handed, errors)``: per block
+    the victim's payload (or None) and the write's exception (or None).
     """
 
-    __slots__ = (
-        "data",
-        "final",
-        "handover",
-        "leaving",
-        "old_path",
-        "report",
-        "skip",
-        "stamp",
-        "tmp",
-        "unlink",
-    )
+    __slots__ = ("datas", "dirty", "fsync", "keys", "seqs", "tags", "victims")
 
-    def __init__(
+    def __init__(self, fsync: bool, done: Callable[[SlotWrites, Any], None]) -> None:
+        SlotOp.__init__(self, [], [], 0, done)
+        self.fsync = fsync
+        self.keys: list[bytes] = []
+        self.seqs: list[int] = []
+        self.datas: list[memoryview] = []
+        self.dirty: list[bool] = []
+        #: Per block: ``(key, seq, length)`` of the victim to read first, or None.
+        self.victims: list[tuple[bytes, int, int] | None] = []
+        #: Per block, what the loop's completion needs (the index plan, ...): loop-side data.
+        self.tags: list[Any] = []
+
+    def add(
         self,
-        files: BlockFiles,
+        fd: int,
+        offset: int,
         key: bytes,
-        digest: bytes,
-        size: int,
+        seq: int,
         data: memoryview,
-        final: str,
-        tmp: str,
-        old_path: str | None,
-        unlink: list[str],
-        *,
-        handover: bool,
-        stamp: int,
-        done: Callable[[WriteOp, Any], None],
+        dirty: bool,
+        victim: tuple[bytes, int, int] | None,
+        tag: Any,
     ) -> None:
-        BlockOp.__init__(self, files, key, digest, size, done)
-        self.data = data
-        self.final = final
-        self.tmp = tmp
-        self.old_path = old_path
-        self.unlink = unlink
-        self.handover = handover
-        self.stamp = stamp
-        #: Evicted by a later block of its own batch before it was written: only clean up.
-        self.skip = False
-        #: Victims being handed over to the tier below (digests in the tier's ``_leaving``).
-        self.leaving: list[bytes] = []
-        #: Name the victims (their keys, read from the headers) when nothing is handed over.
-        self.report = False
+        self.fds.append(fd)
+        self.offsets.append(offset)
+        self.keys.append(key)
+        self.seqs.append(seq)
+        self.datas.append(data)
+        self.dirty.append(dirty)
+        self.victims.append(victim)
+        self.tags.append(tag)
+        self.nbytes += data.nbytes
 
-    def start(self, nowait: NowaitProbe) -> tuple[list[tuple[bytes, bytes]], BaseException | None]:
-        """Make room, then write; the victims' bytes are returned even when the write fails."""
-        evicted: list[tuple[bytes, bytes]] = []
-        for victim in self.unlink:  # make room first
-            if self.handover:
-                got = read_whole_block(victim)
-                if got is not None:
-                    evicted.append(got)
-            elif self.report:
-                key = read_block_key(victim)
-                if key is not None:
-                    evicted.append((key, b""))
-            unlink_quiet(victim)
-        if self.skip:
-            for p in (self.final, self.old_path):
-                if p is not None:
-                    unlink_quiet(p)
-            if self.handover:
-                evicted.append((self.key, bytes(self.data)))
-            elif self.report:
-                evicted.append((self.key, b""))
-            return evicted, None
-        try:
-            self._write()
-        except Exception as exc:
-            # No older bytes may survive a newer write that was accepted and then failed.
-            for p in (self.final, self.old_path):
-                if p is not None:
-                    with contextlib.suppress(OSError):
-                        unlink_quiet(p)
-            return evicted, exc
-        if self.old_path is not None:
-            unlink_quiet(self.old_path)
-        return evicted, None
+    def start(self, nowait: NowaitProbe) -> tuple[list[bytes | None], list[OSError | None]]:
+        fds, offsets = self.fds, self.offsets
+        handed: list[bytes | None] = [None] * len(fds)
+        for i, victim in enumerate(self.victims):
+            if victim is not None:
+                handed[i] = read_slot(fds[i], offsets[i], *victim)
+        return handed, _write_each(fds, self._write, self.fsync)
 
-    def _write(self) -> None:
-        header = encode_header(self.key, self.data)
-        try:
-            fd = os.open(self.tmp, TMP_FLAGS, 0o600)
-        except FileExistsError:  # a stale temporary of a crashed process with our pid reuse
-            unlink_quiet(self.tmp)
-            fd = os.open(self.tmp, TMP_FLAGS, 0o600)
-        try:
-            try:
-                write_all(fd, [memoryview(header), self.data])
-                os.utime(fd, ns=(self.stamp, self.stamp))
-                if self.files.fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(self.tmp, self.final)
-        except BaseException:
-            unlink_quiet(self.tmp)
-            raise
-        if self.files.fsync:
-            fsync_dir(os.path.dirname(self.final))
+    def _write(self, i: int) -> None:
+        fd, off, data = self.fds[i], self.offsets[i], self.datas[i]
+        head = encode_head(self.keys[i], self.seqs[i], data)
+        if self.dirty[i]:
+            os.pwrite(fd, CLEARED, off)
+        pwrite_all(fd, [data], off + len(head))
+        pwrite_all(fd, [memoryview(head)], off)
 
 
-class UnlinkOp(DiskOp):
-    """Unlink one block file. A failure is logged, not raised: the index has already forgotten
-    the block."""
+class SlotClears(SlotOp):
+    """Slots' headers cleared (zeros over the header checksum), then with ``fsync`` one
+    ``fdatasync`` per file. The outcome is per slot the exception, or None."""
 
-    __slots__ = ("digest", "files", "path", "release", "then")
+    __slots__ = ("fsync", "slots")
 
-    def __init__(
-        self,
-        files: BlockFiles,
-        path: str,
-        digest: bytes,
-        release: Callable[[bytes], None],
-        *,
-        then: DiskOp | None = None,
-    ) -> None:
-        DiskOp.__init__(self, 0)
-        self.files = files
-        self.path = path
-        self.digest = digest
-        self.release = release  # ends the digest's turn on the loop
-        self.then = then  # another op, settled once this clean-up is done
+    def __init__(self, fsync: bool, done: Callable[[SlotClears, Any], None]) -> None:
+        SlotOp.__init__(self, [], [], 0, done)
+        self.fsync = fsync
+        self.slots: list[int] = []
 
-    def start(self, nowait: NowaitProbe) -> None:
-        unlink_quiet(self.path)
-        if self.files.fsync:
-            fsync_dir(os.path.dirname(self.path))
+    def add(self, fd: int, offset: int, slot: int) -> None:
+        self.fds.append(fd)
+        self.offsets.append(offset)
+        self.slots.append(slot)
 
-    def finish(self, outcome: Any) -> None:
-        self.release(self.digest)
-        if isinstance(outcome, OSError):
-            name = self.files.tier_name
-            log.warning("ssd tier %r: removing %s failed: %s", name, self.path, outcome)
-            outcome = None
-        self.settle(outcome)
-        if self.then is not None:
-            self.then.settle(None)
+    def start(self, nowait: NowaitProbe) -> list[OSError | None]:
+        fds, offsets = self.fds, self.offsets
+        return _write_each(fds, lambda i: os.pwrite(fds[i], CLEARED, offsets[i]), self.fsync)

@@ -1,8 +1,8 @@
 """The SSD tier's work on its threads: system calls over file descriptors and caller buffers.
 
 Nothing here touches the event loop or the tier's index; every function runs on one of the
-tier's threads, inside a hop (:mod:`.hops`). A disk error surfaces as ``OSError`` and a damaged
-block as ``BlockCorruptedError``, for the op's ``finish`` to translate on the loop.
+tier's threads, inside a hop (:mod:`.hops`) or while a tier opens or closes. A disk error
+surfaces as ``OSError``, for the op's ``finish`` to translate on the loop.
 """
 
 from __future__ import annotations
@@ -10,33 +10,31 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import time
+from collections.abc import Callable
 from typing import Final
-
-from ..._types import MAX_KEY_BYTES
-from ...errors import BlockCorruptedError
-from ..framing import HEADER, check_header, check_payload, parse_header
 
 __all__ = [
     "O_CLOEXEC",
-    "TMP_FLAGS",
+    "O_NOFOLLOW",
     "NowaitProbe",
-    "drop_file",
     "fsync_dir",
-    "open_for_read",
-    "read_block_key",
+    "pwrite_all",
     "read_exact_into",
-    "read_whole_block",
+    "replace_file",
     "skip_views",
     "unlink_quiet",
-    "verify_block",
-    "write_all",
+    "yield_cpu",
 ]
 
 O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
-_O_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
-#: Block files are never followed through a symlink planted at their path.
-_READ_FLAGS: Final = os.O_RDONLY | O_CLOEXEC | _O_NOFOLLOW
-TMP_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_CLOEXEC | _O_NOFOLLOW
+#: The tier's files are never followed through a symlink planted at their path.
+O_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
+
+
+#: Let a runnable thread waiting for this CPU run (the event loop, most often); returns at once
+#: when there is none. A no-op where the platform has no ``sched_yield``.
+yield_cpu: Callable[[], None] = getattr(os, "sched_yield", lambda: None)
 
 
 class NowaitProbe:
@@ -45,27 +43,57 @@ class NowaitProbe:
     A file system that refuses the flag (or a platform without it) is remembered, so the flag
     is tried once rather than on every read; from then on every read simply blocks. One probe
     per tier: tiers on different file systems learn separately.
+
+    After a probe found part of a block on disk, the probe rests for :attr:`rest` seconds, and
+    on while reads keep going to the disk path (:meth:`rest_on`), up to :attr:`rest_max`: the
+    tier then reads each batch as one stream in file order, unprobed, the kernel reading ahead
+    (or advised together when scattered). A cold stream gains nothing from probing, a probe of
+    pages the kernel is still reading in can wait behind the readahead's own requests as long as
+    a blocking read would, and any read out of the stream's order (a probe ahead of it, a second
+    thread) resets the kernel's readahead for the file (figures in ``docs/ssd.md``).
     """
+
+    rest = 0.1
+    rest_max = 1.0
 
     def __init__(self, flag: int = getattr(os, "RWF_NOWAIT", 0)) -> None:
         #: The ``preadv`` flag in use; 0 once refused (every read then waits for the disk).
         self.flag = flag
+        #: ``time.monotonic()`` until which :meth:`preadv` reads nothing (it found the disk).
+        self.resting_until = 0.0
+        #: When a probe last found the disk.
+        self.found_at = 0.0
+
+    @property
+    def resting(self) -> bool:
+        """Whether a read found the disk less than :attr:`rest` seconds ago."""
+        return bool(self.resting_until) and time.monotonic() < self.resting_until
+
+    def rest_on(self) -> None:
+        """A read while resting went to the disk path: rest :attr:`rest` more, but probe again
+        at the latest :attr:`rest_max` after a probe last found the disk (the data may have
+        become warm meanwhile; probing on every read would disturb a cold stream)."""
+        self.resting_until = min(time.monotonic() + self.rest, self.found_at + self.rest_max)
 
     def preadv(self, fd: int, views: list[memoryview], offset: int) -> int:
         """Bytes read from the page cache at ``offset``; 0 when the read would wait for the
         disk (the rest is then read with :func:`read_exact_into`)."""
         flag = self.flag
-        if not flag:
+        if not flag or (self.resting_until and time.monotonic() < self.resting_until):
             return 0
         try:
-            return os.preadv(fd, views, offset, flag)
+            got = os.preadv(fd, views, offset, flag)
         except BlockingIOError:
-            return 0
+            got = 0
         except OSError as exc:
             if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                 raise
             self.flag = 0
             return 0
+        if got < sum(v.nbytes for v in views):
+            self.found_at = time.monotonic()
+            self.resting_until = self.found_at + self.rest
+        return got
 
 
 def skip_views(views: list[memoryview], skip: int) -> list[memoryview]:
@@ -92,11 +120,14 @@ def read_exact_into(fd: int, views: list[memoryview], offset: int) -> int:
     return got
 
 
-def write_all(fd: int, chunks: list[memoryview]) -> None:
-    """``writev`` until every byte is written (a disk error raises ``OSError``)."""
+def pwrite_all(fd: int, chunks: list[memoryview], offset: int) -> None:
+    """``pwritev`` until every byte is written at ``offset`` (a disk error raises ``OSError``)."""
     pending = [c for c in chunks if c.nbytes]
     while pending:
-        n = os.writev(fd, pending)
+        n = os.pwritev(fd, pending, offset)
+        if n <= 0:
+            raise OSError(errno.EIO, f"pwritev wrote {n} bytes")
+        offset += n
         while n:
             head = pending[0]
             if n >= head.nbytes:
@@ -107,75 +138,6 @@ def write_all(fd: int, chunks: list[memoryview]) -> None:
                 n = 0
 
 
-def drop_file(fd: int, path: str) -> None:
-    """Unlink ``path`` if it is still the inode open as ``fd`` (a newer write may have landed)."""
-    try:
-        cur = os.stat(path, follow_symlinks=False)
-        mine = os.fstat(fd)
-        if cur.st_ino == mine.st_ino and cur.st_dev == mine.st_dev:
-            os.unlink(path)
-    except OSError:
-        pass
-
-
-def open_for_read(path: str) -> int | None:
-    """A read-only descriptor of ``path``, or None if there is no such file."""
-    try:
-        return os.open(path, _READ_FLAGS)
-    except FileNotFoundError:
-        return None
-
-
-def verify_block(
-    fd: int, path: str, key: bytes, hdr: bytearray, buf: memoryview, got: int, tier_name: str
-) -> int:
-    """Check a block read as ``hdr`` + ``buf`` (``got`` bytes); drop the file if it is damaged.
-
-    ``buf`` is as long as the payload the file's name promises; a file that holds a complete
-    frame of another length is damaged too.
-    """
-    try:
-        _key_len, payload_len, digest = check_header(hdr, key, got)
-        if payload_len != buf.nbytes:
-            raise BlockCorruptedError(
-                f"key {key[:64]!r}: file holds {payload_len} payload bytes, its name says "
-                f"{buf.nbytes}"
-            )
-        check_payload(buf, key, digest)
-    except BlockCorruptedError as exc:
-        drop_file(fd, path)
-        raise BlockCorruptedError(f"ssd tier {tier_name!r} file {path}: {exc}") from None
-    return payload_len
-
-
-def read_whole_block(path: str) -> tuple[bytes, bytes] | None:
-    """(key, payload) of a verified block file, or None if it is gone or does not verify."""
-    try:
-        with open(path, "rb", buffering=0) as f:
-            blob = f.read()
-        key_len, _payload_len, digest = check_header(blob, None, len(blob))
-        key = blob[HEADER.size : HEADER.size + key_len]
-        payload = blob[HEADER.size + key_len :]
-        check_payload(payload, key, digest)
-        return key, payload
-    except (OSError, BlockCorruptedError):
-        return None
-
-
-def read_block_key(path: str) -> bytes | None:
-    """The key in a block file's header, or None if the file is gone or not a block."""
-    try:
-        fd = os.open(path, _READ_FLAGS)
-    except OSError:
-        return None
-    try:
-        return parse_header(os.pread(fd, HEADER.size + MAX_KEY_BYTES, 0), where=path).key
-    except (OSError, BlockCorruptedError):
-        return None
-    finally:
-        os.close(fd)
-
-
 def fsync_dir(path: str) -> None:
     """Make a rename or unlink in ``path`` durable."""
     fd = os.open(path, os.O_RDONLY | O_CLOEXEC | getattr(os, "O_DIRECTORY", 0))
@@ -183,6 +145,29 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_file(directory: str, name: str, data: bytes, *, tmp_prefix: str, sync: bool) -> None:
+    """Write ``directory/name`` whole (mode 0600) through a temporary renamed over it; with
+    ``sync``, durably (the file, then the directory)."""
+    tmp = os.path.join(directory, tmp_prefix + name)
+    unlink_quiet(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, os.path.join(directory, name))
+    except BaseException:
+        unlink_quiet(tmp)
+        raise
+    if sync:
+        fsync_dir(directory)
 
 
 def unlink_quiet(path: str) -> None:
