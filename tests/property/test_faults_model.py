@@ -339,7 +339,8 @@ class FaultsModel(RuleBasedStateMachine):
         for rid in set(new) | set(finished):
             rs = self.e.core.requests.get(rid)
             armed = rs is not None and rs.deferred_at is not None
-            if rid in self.req_retried:
+            # (a close under way has already let go of every request's state)
+            if rid in self.req_retried and not self.closing:
                 assert armed, f"request {rid!r} got RETRY but its deferral is not armed"
             self.observed_req += armed
             self.req_retried.discard(rid)
