@@ -1,15 +1,17 @@
 """``object_promote``: promoting blocks from an S3 object store, against the client's own GETs.
 
 The aiotier figure is what a scheduler sees: 256 KiB blocks requested 64 at a time with
-``lookup_prefix`` (a HEAD of each key, then promotions from the object tier start) and then
+``lookup_prefix`` (the tier asks the server about each key, then promotions start) and then
 ``wait``; the bytes land in the primary arena, verified. The tier keeps no memory of recent
-objects (``recent_ttl=0``), so every round pays the HEADs: the figure is the cold case. A
-second figure, ``with_recent_hints``, is the same with the tier's defaults, where objects it
-read before are known without a HEAD. The floor is the chosen client's own work on the same
-objects: obstore GETs of the 64 objects of a batch at once, bodies into memory, no
-verification, no copy. The peer is aiobotocore ``get_object`` + ``read()`` of the same objects
-(when installed). All read the same objects from a private SeaweedFS on loopback in the same
-process run, alternating rounds; figures are GB/s medians.
+objects (``recent_ttl=0``), so every lookup asks the server: a GET whose body the read then
+uses (the look-ahead); this is the cold case. A second figure, ``with_recent_hints``, is the
+same with the tier's defaults, where objects it read before are known without a request and
+the read GETs them. The tiers run 64 requests at once (``max_concurrency=64``), as the floor
+does. The floor is the chosen client's own work on the same objects: obstore GETs of the 64
+objects of a batch at once, bodies into memory, no verification, no copy. The peer is
+aiobotocore ``get_object`` + ``read()`` of the same objects (when installed). All read the same
+objects from a private SeaweedFS on loopback in the same process run, alternating rounds;
+figures are GB/s medians.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ async def run_local(quick: bool) -> list[Case]:
 def _tier(url: str, **kwargs: Any) -> ObjectStoreTier:
     return ObjectStoreTier(
         BUCKET, prefix=PREFIX, endpoint_url=url, region="us-east-1", timeout=30.0,
-        config=_CREDENTIALS, **kwargs,
+        max_concurrency=BATCH, config=_CREDENTIALS, **kwargs,
     )  # fmt: skip
 
 
@@ -149,7 +151,8 @@ async def run(quick: bool, url: str) -> list[Case]:
             "blocks": blocks,
             "batch": BATCH,
             "rounds": rounds,
-            "via": "engine lookup_prefix+wait, HEAD+GET per block",
+            "via": "engine lookup_prefix+wait, one GET per block (look-ahead)",
+            "max_concurrency": BATCH,
             "server": "local SeaweedFS (weed mini), loopback",
         }
         hinted = {

@@ -32,15 +32,19 @@ from typing import Any, Final, TypeVar
 
 from .._types import LookupResult
 from ..errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
+from ._lookahead import LookAhead
 from ._object_client import ObstoreClient, Refused, ServerBusy, Unreachable
 from ._outage import GuardedTier, ServerGuard
 from .base import SecondaryTier, TierUsage
-from .framing import block_digest, encode_frame, payload_into
+from .framing import HEADER, block_digest, encode_frame, payload_into
 
 __all__ = ["ObjectStoreTier"]
 
 _log = logging.getLogger("aiotier.objectstore")
 _T = TypeVar("_T")
+
+#: The frame size lookups assume, until the engine tells the block size or a body is seen.
+_FRAME_GUESS: Final = 1 << 20
 
 #: Objects whose bytes failed verification, remembered by ETag so lookups answer MISS for them
 #: without another GET until someone writes the key again. Bounded: old entries fall out.
@@ -97,8 +101,12 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
     key's bytes never change: a write of a key the bucket already holds is skipped (HEAD before
     PUT) and counted in :attr:`skipped_writes`. ``recent_ttl`` / ``recent_capacity`` bound what
     the tier remembers of objects it wrote or read (answered without a request by
-    :meth:`contains_hint` and lookups). ``client_options`` and ``config`` go to obstore's
-    ``S3Store`` as they are (e.g. ``{"root_certificate": ...}`` for a private CA).
+    :meth:`contains_hint` and lookups). A lookup GETs the objects it is asked about (a HEAD
+    instead where the look-ahead budget is full) and keeps each body, up to ``lookahead_bytes``
+    in all and ``lookahead_ttl`` seconds each, for the read that promotes it: one request per
+    promoted block instead of two (``lookahead_bytes=0``: HEADs only). ``client_options`` and
+    ``config`` go to obstore's ``S3Store`` as they are (e.g. ``{"root_certificate": ...}``
+    for a private CA).
     """
 
     def __init__(
@@ -117,6 +125,8 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         probe_interval: float = 1.0,
         recent_ttl: float = 60.0,
         recent_capacity: int = 65536,
+        lookahead_bytes: int = 64 << 20,
+        lookahead_ttl: float = 5.0,
         retry_base: float = 0.02,
         retry_cap: float = 1.0,
         credential_provider: Any = None,
@@ -138,13 +148,16 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
             raise ConfigError(f"max_concurrency must be an int >= 1, got {max_concurrency!r}")
         for label, value in (("timeout", timeout), ("connect_timeout", connect_timeout),
                              ("probe_interval", probe_interval), ("retry_base", retry_base),
-                             ("retry_cap", retry_cap)):  # fmt: skip
+                             ("retry_cap", retry_cap),
+                             ("lookahead_ttl", lookahead_ttl)):  # fmt: skip
             if not value > 0:
                 raise ConfigError(f"ObjectStoreTier {label} must be positive, got {value!r}")
         if failure_threshold < 1:
             raise ConfigError(f"failure_threshold must be >= 1, got {failure_threshold!r}")
         if recent_ttl < 0 or recent_capacity < 0:
             raise ConfigError("recent_ttl and recent_capacity must not be negative")
+        if not isinstance(lookahead_bytes, int) or lookahead_bytes < 0:
+            raise ConfigError(f"lookahead_bytes must be an int >= 0, got {lookahead_bytes!r}")
         self.bucket = bucket
         self.prefix = prefix
         self.endpoint_url = endpoint_url
@@ -176,6 +189,9 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         self._slots = asyncio.Semaphore(max_concurrency)
         self._recent = _Recent(recent_capacity, recent_ttl, time.monotonic)
         self._bad: OrderedDict[str, str] = OrderedDict()
+        self._lookahead = LookAhead(lookahead_bytes, lookahead_ttl, time.monotonic)
+        self._block_size: int | None = None
+        self._largest_frame = 0
         # What this tier instance wrote and has not seen disappear: object name -> frame size.
         self._written: dict[str, int] = {}
         self._bytes_written = 0
@@ -185,6 +201,8 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         self.retries = 0
         #: Reads whose bytes failed verification (answered as a MISS, never returned).
         self.corrupted = 0
+        #: Reads answered from the body their lookup fetched (no request of their own).
+        self.lookahead_reads = 0
         #: Writes skipped because the bucket already held the key (``immutable_keys``).
         self.skipped_writes = 0
         #: Requests in flight now, and the most ever in flight at once (never above
@@ -241,8 +259,14 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
             self._guard.success()
 
     async def aclose(self) -> None:
-        """Stop the probe; later calls fail with :class:`TierUnavailableError`."""
+        """Stop the probe and let go of fetched bodies; later calls fail with
+        :class:`TierUnavailableError`."""
+        self._lookahead.clear()
         await self._guard.aclose()
+
+    def configure_block_size(self, block_size: int) -> None:
+        """The engine's block size: how much look-ahead room one body takes."""
+        self._block_size = block_size
 
     def object_name(self, key: bytes) -> str:
         """The object that holds ``key``: ``prefix`` and 32 hex digits of BLAKE2b."""
@@ -346,9 +370,11 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
     # -- batched forms ---------------------------------------------------------------------------
 
     async def lookup_many(self, keys: Sequence[bytes]) -> list[LookupResult]:
-        """A HEAD of each key not written or read recently, at most ``max_concurrency`` at once.
+        """A request for each key not written or read recently, at most ``max_concurrency`` at
+        once: a GET whose body is kept for the read while the look-ahead budget has room, else
+        a HEAD.
 
-        Raises only when every request failed; a key whose HEAD failed among others that
+        Raises only when every request failed; a key whose request failed among others that
         succeeded is a MISS.
         """
         if not keys:
@@ -359,10 +385,26 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         if not asked:
             return out
         deadline = self._deadline()
-        heads = await self._each(
-            [names[i] for i in asked],
-            lambda n: self._call("lookup", lambda: self.client.head(n), deadline),
-        )
+        fetch = self._fetch_count(keys, asked)
+        mark = self._lookahead.begin()
+
+        async def ask(j: int) -> str | None:
+            name = names[asked[j]]
+            if j >= fetch:
+                return await self._call("lookup", lambda: self.client.head(name), deadline)
+            got = await self._call("lookup", lambda: self.client.get(name), deadline)
+            if got is None:
+                return None
+            body, etag = got
+            self._largest_frame = max(self._largest_frame, len(body))
+            if self._bad.get(name) != etag:
+                self._lookahead.keep(name, body, etag, len(body), mark)
+            return etag
+
+        try:
+            heads = await self._each(range(len(asked)), ask)
+        finally:
+            self._lookahead.end()
         failures = 0
         for i, etag in zip(asked, heads, strict=True):
             name = names[i]
@@ -379,35 +421,69 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
             raise first
         return out
 
+    def _fetch_count(self, keys: Sequence[bytes], asked: list[int]) -> int:
+        """How many of the ``asked`` keys a lookup GETs: as many bodies as the look-ahead has
+        room for (frames sized by the engine's block size, else the largest seen)."""
+        if not self._lookahead.enabled:
+            return 0
+        payload = self._block_size or self._largest_frame or _FRAME_GUESS
+        frame = HEADER.size + max(len(keys[i]) for i in asked) + payload
+        return min(len(asked), self._lookahead.room(frame))
+
     async def read_many_into(
         self, keys: Sequence[bytes], bufs: Sequence[memoryview]
     ) -> list[int | Exception]:
-        """A GET of each key, at most ``max_concurrency`` at once; each body is verified and
-        copied into its buffer as it arrives (the only copy). Every GET has finished, and no
-        buffer is written any more, when this returns or is cancelled."""
+        """Each key's body, verified and copied into its buffer (the only copy): the body its
+        lookup fetched, else a GET, at most ``max_concurrency`` at once, copied as it arrives.
+        Every GET has finished, and no buffer is written any more, when this returns or is
+        cancelled."""
         if len(keys) != len(bufs):
             raise ValueError(f"{len(keys)} keys but {len(bufs)} buffers")
+        names = [self.object_name(k) for k in keys]
+        out: list[int | Exception] = [0] * len(keys)
+        fetch: list[int] = []
+        for i, name in enumerate(names):
+            got = self._lookahead.take(name)
+            if got is None:
+                fetch.append(i)
+                continue
+            self.lookahead_reads += 1
+            try:
+                out[i] = self._deliver(keys[i], name, got, bufs[i])
+            except Exception as exc:
+                out[i] = exc
+        if not fetch:
+            return out
         deadline = self._deadline()
 
         async def one(i: int) -> int:
-            key, name = keys[i], self.object_name(keys[i])
+            name = names[i]
             got = await self._call("read", lambda: self.client.get(name), deadline)
-            if got is None:
-                self._forget(name)
-                return -1
-            frame, etag = got
-            try:
-                n = payload_into(frame, key, bufs[i])
-            except BlockCorruptedError as exc:
-                self._corrupted(name, etag)
-                raise BlockCorruptedError(f"object tier {self.name!r}: {name}: {exc}") from None
-            except ValueError as exc:
-                raise ValueError(f"object tier {self.name!r}: {exc}") from None
-            self._bad.pop(name, None)
-            self._recent.add(name)
-            return n
+            return self._deliver(keys[i], name, got, bufs[i])
 
-        return await self._each(range(len(keys)), one)
+        for i, outcome in zip(fetch, await self._each(fetch, one), strict=True):
+            out[i] = outcome
+        return out
+
+    def _deliver(
+        self, key: bytes, name: str, got: tuple[memoryview, str] | None, buf: memoryview
+    ) -> int:
+        """Verify a fetched body and copy its payload into ``buf``: its length, -1 when the
+        object was not there; raises when its bytes fail verification."""
+        if got is None:
+            self._forget(name)
+            return -1
+        frame, etag = got
+        try:
+            n = payload_into(frame, key, buf)
+        except BlockCorruptedError as exc:
+            self._corrupted(name, etag)
+            raise BlockCorruptedError(f"object tier {self.name!r}: {name}: {exc}") from None
+        except ValueError as exc:
+            raise ValueError(f"object tier {self.name!r}: {exc}") from None
+        self._bad.pop(name, None)
+        self._recent.add(name)
+        return n
 
     async def write_many(
         self, items: Sequence[tuple[bytes, bytes | memoryview]]
@@ -419,6 +495,7 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         async def one(item: tuple[bytes, bytes | memoryview]) -> None:
             key, data = item
             name = self.object_name(key)
+            self._lookahead.changed(name)
             if self.immutable_keys and await self._held(name, deadline):
                 self.skipped_writes += 1
                 self._recent.add(name)
@@ -436,6 +513,8 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         """A HEAD of each key (S3 does not say whether a DELETE found anything), then one bulk
         DELETE of those present."""
         names = [self.object_name(k) for k in keys]
+        for name in names:
+            self._lookahead.changed(name)
         deadline = self._deadline()
         heads = await self._each(
             names, lambda n: self._call("remove", lambda: self.client.head(n), deadline)

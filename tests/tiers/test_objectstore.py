@@ -22,7 +22,7 @@ from seaweedfs_fixtures import (
 from aiotier import ConfigError, LookupResult, ObjectStoreTier, TierUnavailableError
 from aiotier.errors import BlockCorruptedError, TieringError
 from aiotier.tiers._object_client import Refused, ServerBusy, Unreachable, classify
-from aiotier.tiers.framing import block_digest, encode_frame
+from aiotier.tiers.framing import HEADER, block_digest, encode_frame
 
 pytestmark = pytest.mark.s3
 
@@ -267,6 +267,114 @@ async def test_a_key_removed_by_someone_else_leaves_usage_on_the_next_lookup(
         await t.aclose()
 
 
+# -- look-ahead: a lookup's GET serves the read ----------------------------------------------------
+
+
+async def written(s3: S3Endpoint, items: list[tuple[bytes, bytes]]) -> None:
+    writer = tier_on(s3)
+    await writer.open()
+    assert await writer.write_many(items) == [None] * len(items)
+    await writer.aclose()
+
+
+async def test_a_lookup_fetches_what_it_finds_and_the_read_uses_it(s3: S3Endpoint) -> None:
+    items = [(k, k * 3000) for k in (b"a", b"b", b"c")]
+    await written(s3, items)
+    reader = tier_on(s3)
+    await reader.open()
+    try:
+        assert await reader.lookup_many([b"a", b"b", b"c", b"absent"]) == [HIT] * 3 + [MISS]
+        assert reader.requests == 4  # one GET each
+        bufs = [buf() for _ in items]
+        assert await reader.read_many_into([k for k, _ in items], bufs) == [3000] * 3
+        assert [bytes(b[:3000]) for b in bufs] == [v for _, v in items]
+        assert (reader.requests, reader.lookahead_reads) == (4, 3)
+        # a body is handed out once: the next read GETs
+        assert await reader.read_many_into([b"a"], [buf()]) == [3000]
+        assert reader.requests == 5
+    finally:
+        await reader.aclose()
+
+
+async def test_the_look_ahead_budget_bounds_what_lookups_fetch(s3: S3Endpoint) -> None:
+    keys = [f"k{i}".encode() for i in range(5)]
+    await written(s3, [(k, bytes(4096)) for k in keys])
+    frame = HEADER.size + 2 + 4096
+    reader = tier_on(s3, lookahead_bytes=2 * frame)
+    reader.configure_block_size(4096)  # what the engine does before open()
+    await reader.open()
+    try:
+        assert await reader.lookup_many(keys) == [HIT] * 5  # 2 GETs, 3 HEADs
+        assert await reader.read_many_into(keys, [buf() for _ in keys]) == [4096] * 5
+        assert (reader.requests, reader.lookahead_reads) == (5 + 3, 2)
+    finally:
+        await reader.aclose()
+
+    heads_only = tier_on(s3, lookahead_bytes=0)
+    await heads_only.open()
+    try:
+        assert await heads_only.lookup_many(keys) == [HIT] * 5
+        assert await heads_only.read_many_into(keys, [buf() for _ in keys]) == [4096] * 5
+        assert (heads_only.requests, heads_only.lookahead_reads) == (10, 0)
+    finally:
+        await heads_only.aclose()
+
+
+async def test_a_write_through_the_tier_after_a_lookup_is_what_the_read_returns(
+    s3: S3Endpoint,
+) -> None:
+    await written(s3, [(b"k", b"old" * 100)])
+    reader = tier_on(s3)
+    await reader.open()
+    try:
+        assert await reader.lookup(b"k") is HIT  # fetched b"old..."
+        await reader.write(b"k", b"new" * 100)
+        b = buf()
+        assert await reader.read_into(b"k", b) == 300
+        assert bytes(b[:300]) == b"new" * 100
+        assert reader.lookahead_reads == 0
+    finally:
+        await reader.aclose()
+
+
+async def test_a_body_fetched_across_a_write_of_its_key_is_not_kept(s3: S3Endpoint) -> None:
+    await written(s3, [(b"k", b"old" * 100)])
+    reader = tier_on(s3)
+
+    class SlowGets:
+        """The real client, but a GET hands its body back only when released."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+            self.fetched = asyncio.Event()
+            self.release = asyncio.Event()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        async def get(self, name: str) -> Any:
+            got = await self.inner.get(name)
+            self.fetched.set()
+            await self.release.wait()
+            return got
+
+    slow = SlowGets(reader.client)
+    reader.client = slow  # type: ignore[assignment]
+    await reader.open()
+    try:
+        lookup = asyncio.create_task(reader.lookup(b"k"))
+        await asyncio.wait_for(slow.fetched.wait(), 10)  # the GET has the old bytes ...
+        await reader.write(b"k", b"new" * 100)  # ... when the tier writes new ones
+        slow.release.set()
+        assert await lookup is HIT
+        b = buf()
+        assert await reader.read_into(b"k", b) == 300
+        assert bytes(b[:300]) == b"new" * 100
+        assert reader.lookahead_reads == 0
+    finally:
+        await reader.aclose()
+
+
 # -- immutable keys -------------------------------------------------------------------------------
 
 
@@ -429,13 +537,16 @@ class ScriptedClient:
 
 
 async def test_busy_answers_are_retried_with_jittered_backoff_within_the_deadline() -> None:
-    t = ObjectStoreTier("b", endpoint_url="http://127.0.0.1:1", retry_base=0.001)
+    # lookups HEAD (no look-ahead): the scripted answers are HEAD's
+    t = ObjectStoreTier("b", endpoint_url="http://127.0.0.1:1", retry_base=0.001, lookahead_bytes=0)
     scripted = ScriptedClient(ServerBusy("503 Slow Down", 503), ServerBusy("429", 429), '"e"')
     t.client = scripted  # type: ignore[assignment]
     assert await t.lookup(b"k") is HIT
     assert (scripted.calls, t.retries, t.errors) == (3, 2, 0)
 
-    t = ObjectStoreTier("b", endpoint_url="http://127.0.0.1:1", timeout=0.3, retry_base=0.01)
+    t = ObjectStoreTier(
+        "b", endpoint_url="http://127.0.0.1:1", timeout=0.3, retry_base=0.01, lookahead_bytes=0
+    )
     always = ScriptedClient()
     always.answers_default = ServerBusy("500 Internal Server Error", 500)
     t.client = always  # type: ignore[assignment]
@@ -453,7 +564,9 @@ async def test_a_hung_request_ends_at_the_deadline_and_counts_for_the_breaker() 
             await asyncio.sleep(3600)
             return None
 
-    t = ObjectStoreTier("b", endpoint_url="http://127.0.0.1:1", timeout=0.1, failure_threshold=2)
+    t = ObjectStoreTier(
+        "b", endpoint_url="http://127.0.0.1:1", timeout=0.1, failure_threshold=2, lookahead_bytes=0
+    )
     t.client = Hung()  # type: ignore[assignment]
     for _ in range(2):
         with pytest.raises(TierUnavailableError, match=r"timed out after 0\.1s"):

@@ -112,14 +112,20 @@ async def test_an_object_overwritten_through_the_plain_client_is_a_counted_miss(
         assert object_tier.corrupted == 1
 
 
-async def test_a_scheduler_promotes_64_blocks_of_256_kib(s3: S3Endpoint) -> None:
+@pytest.mark.parametrize(("lookahead_bytes", "requests"), [(64 << 20, 64), (0, 128)])
+async def test_a_scheduler_promotes_64_blocks_of_256_kib(
+    s3: S3Endpoint, lookahead_bytes: int, requests: int
+) -> None:
+    """One GET per block with the look-ahead (the default), a HEAD and a GET without."""
     size = 256 << 10
     tier = ObjectStoreTier(s3.bucket, endpoint_url=s3.url, prefix=s3.prefix)
     keys = [f"p{i}".encode() for i in range(64)]
     await tier.open()
     assert await tier.write_many([(k, block(i, size)) for i, k in enumerate(keys)]) == [None] * 64
     await tier.aclose()
-    fresh = ObjectStoreTier(s3.bucket, endpoint_url=s3.url, prefix=s3.prefix)
+    fresh = ObjectStoreTier(
+        s3.bucket, endpoint_url=s3.url, prefix=s3.prefix, lookahead_bytes=lookahead_bytes
+    )
     # every slot may hold a promotion: the test stores nothing it would need room for
     async with TieringEngine(PrimaryTier(64, size), [fresh], max_promotion_share=1.0) as e:
         assert await e.lookup_prefix(keys) is None
@@ -128,6 +134,7 @@ async def test_a_scheduler_promotes_64_blocks_of_256_kib(s3: S3Endpoint) -> None
         got = [await e.get(k) for k in keys]
         assert got == [block(i, size) for i in range(64)]
     assert fresh.max_inflight <= fresh.max_concurrency
+    assert fresh.requests == requests
 
 
 # -- the server killed mid-load -------------------------------------------------------------------

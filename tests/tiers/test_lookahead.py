@@ -1,0 +1,89 @@
+"""The object tier's look-ahead store, with no event loop: the byte budget, one hand-out per
+body, expiry, and no body that predates a change of its object made through the tier."""
+
+from __future__ import annotations
+
+import pytest
+
+from aiotier.tiers._lookahead import LookAhead
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def test_held_bytes_never_exceed_the_budget_and_the_oldest_make_room(clock: Clock) -> None:
+    la = LookAhead(250, ttl=5.0, clock=clock)
+    assert la.room(100) == 2
+    for name in ("a", "b", "c"):
+        mark = la.begin()
+        assert la.keep(name, name.encode(), "e", 100, mark)
+        la.end()
+        assert la.held_bytes <= 250
+    assert (len(la), la.held_bytes) == (2, 200)
+    assert la.take("a") is None  # the oldest made room for "c"
+    assert la.take("b") == (b"b", "e")
+    assert la.room(100) == 1
+    assert not la.keep("big", b"", "e", 251, la.begin())  # alone over the budget
+    la.end()
+
+
+def test_a_body_is_handed_out_once_and_not_after_its_ttl(clock: Clock) -> None:
+    la = LookAhead(1000, ttl=5.0, clock=clock)
+    la.keep("a", b"A", "e1", 10, la.begin())
+    la.keep("b", b"B", "e2", 10, la.begin())
+    la.end()
+    la.end()
+    assert la.take("a") == (b"A", "e1")
+    assert la.take("a") is None
+    clock.now = 5.0
+    assert la.take("b") is None  # expired
+    assert la.held_bytes == 0
+
+
+def test_expired_bodies_give_their_room_back(clock: Clock) -> None:
+    la = LookAhead(100, ttl=1.0, clock=clock)
+    la.keep("a", b"A", "e", 100, la.begin())
+    la.end()
+    assert la.room(100) == 0
+    clock.now = 1.5
+    assert la.room(100) == 1
+    assert (len(la), la.held_bytes) == (0, 0)
+
+
+def test_a_change_drops_the_body_and_refuses_one_fetched_across_it(clock: Clock) -> None:
+    la = LookAhead(1000, ttl=5.0, clock=clock)
+    la.keep("a", b"old", "e", 10, la.begin())
+    la.end()
+    la.changed("a")
+    assert la.take("a") is None
+
+    mark = la.begin()  # a fetch of "a" starts ...
+    la.changed("a")  # ... the tier writes "a" meanwhile ...
+    assert not la.keep("a", b"old", "e", 10, mark)  # ... so what the fetch got is not kept
+    assert la.keep("b", b"B", "e", 10, mark)  # another name is
+    la.end()
+
+    outer = la.begin()  # (another fetch in flight throughout)
+    la.changed("c")
+    mark = la.begin()  # a fetch that starts after the change keeps its body
+    assert la.keep("c", b"new", "e", 10, mark)
+    assert not la.keep("c", b"old", "e", 10, outer)  # one begun before it does not
+    la.end()
+    la.end()
+    assert la.take("c") == (b"new", "e")
+
+
+def test_a_disabled_look_ahead_has_no_room(clock: Clock) -> None:
+    la = LookAhead(0, ttl=5.0, clock=clock)
+    assert not la.enabled
+    assert la.room(1) == 0
