@@ -204,6 +204,10 @@ class BlockingEngine:
     def flush(self, timeout: float | None = None) -> None:
         self._call(self.engine.flush, timeout)
 
+    def clear(self, *, timeout: float | None = None) -> None:
+        """:meth:`TieringEngine.clear`: every block dropped, from every tier."""
+        self._call(self.engine.clear, timeout=timeout)
+
     # -- the step boundary -----------------------------------------------------------------------
 
     def take_events(self) -> list[BlockEvent]:

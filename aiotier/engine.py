@@ -27,6 +27,7 @@ from ._core.table import READY
 from ._core.writeback import remove
 from ._engine.breakers import Breakers
 from ._engine.cache import CacheCalls
+from ._engine.clearing import check_clearable, clear_everything
 from ._engine.options import WritePolicy, engine_options
 from ._engine.reads import TierReads
 from ._engine.status import EngineStats, EngineStatus, TierHealth
@@ -518,6 +519,29 @@ class TieringEngine:
         with self._guard.lock:
             self._check_open()
         return await self._cache.delete(k)
+
+    async def clear(self, *, timeout: float | None = None) -> None:
+        """Drop every block, from the primary and from every secondary tier (durably, for a
+        persistent one): once this returns, no lookup, ``get`` or promotion finds a block stored
+        before the call. For a cache whose contents went invalid at once (new model weights).
+
+        Loads handed out keep their slots until ``complete_load``; a store pending at the call
+        is not made visible; queued writes and removes are dropped. On a tier shared by a fleet
+        (Redis, an object store) this empties the tier's whole prefix, for every engine using
+        it. Raises :class:`~aiotier.errors.ConfigError`, changing nothing, when a tier cannot
+        clear; :class:`~aiotier.errors.TieringError` when a tier's clear failed or did not end
+        within ``timeout`` (default ``open_timeout``): that tier is then not read until a later
+        ``clear`` succeeds.
+        """
+        self._check_open()
+        if not self._opened:
+            raise TieringError("clear(): the engine is not open")
+        check_clearable(self.tiers)
+        assert self._writers is not None
+        await clear_everything(
+            self._core, self.tiers, self._writers, self._guard,
+            timeout if timeout is not None else self.open_timeout,
+        )  # fmt: skip
 
     async def flush(self, timeout: float | None = None) -> None:
         """Await until every queued write and remove has reached its tier.

@@ -23,7 +23,7 @@ from .tiers.base import SecondaryTier, TierUsage
 
 __all__ = ["Fault", "FaultyTier", "MetricsProbe"]
 
-OPS = ("lookup", "read", "write", "remove", "open", "close")
+OPS = ("lookup", "read", "write", "remove", "open", "close", "clear")
 
 
 @dataclass(slots=True)
@@ -170,6 +170,14 @@ class FaultyTier(SecondaryTier):
 
     def configure_block_size(self, block_size: int) -> None:
         self.inner.configure_block_size(block_size)
+
+    @property
+    def can_clear(self) -> bool:
+        return self.inner.can_clear
+
+    async def clear(self) -> None:
+        await self._before("clear")
+        await self.inner.clear()
 
     @property
     def available(self) -> bool | None:

@@ -7,7 +7,8 @@ read path asks; a tier is not read for a key while:
 
 - a remove of the key is queued for it (a put or delete superseded its copy);
 - its last write or remove of the key failed (``stale``: it may still hold an older copy);
-- a promotion of the key from it failed moments ago (back-off, cleared by a put or delete).
+- a promotion of the key from it failed moments ago (back-off, cleared by a put or delete);
+- the whole tier is being cleared, or its last clear failed (``unread``: any key).
 
 Bytes on their way down (``demoting``: copied out of the primary, write not finished) are the
 newest copy below the primary and are served from memory before any tier is asked.
@@ -37,6 +38,7 @@ class Coherence:
         "_removing",
         "_stale",
         "_stats",
+        "_unread",
         "_writing",
         "backoff_seconds",
         "demoting",
@@ -60,6 +62,7 @@ class Coherence:
         self._removing: list[Counter[bytes]] = [Counter() for _ in range(n)]
         self._stale: list[set[bytes]] = [set() for _ in range(n)]
         self._backoff: dict[tuple[int, bytes], float] = {}  # (tier, key) -> until
+        self._unread: set[int] = set()  # tiers being cleared, or whose last clear failed
         #: key -> its newest bytes, copied out of the primary and on their way down
         self.demoting: dict[bytes, bytes] = {}
 
@@ -67,7 +70,7 @@ class Coherence:
 
     def may_read(self, ti: int, k: bytes) -> bool:
         """Whether tier ``ti`` may serve ``k`` now."""
-        if k in self._removing[ti] or k in self._stale[ti]:
+        if k in self._removing[ti] or k in self._stale[ti] or ti in self._unread:
             return False
         until = self._backoff.get((ti, k))
         if until is None:
@@ -79,7 +82,7 @@ class Coherence:
 
     def all_readable(self, ti: int) -> bool:
         """True when no key can be unreadable in tier ``ti`` (one check per batch, not per key)."""
-        return not (self._removing[ti] or self._stale[ti] or self._backoff)
+        return not (self._removing[ti] or self._stale[ti] or self._backoff or self._unread)
 
     def holds(self, ti: int, k: bytes) -> bool | None:
         """Whether tier ``ti`` holds the newest bytes of ``k``, as far as known without I/O.
@@ -87,7 +90,7 @@ class Coherence:
         None when it cannot tell (a remote tier) or its copy may be stale. A hint that raises
         is counted as a tier error and means "cannot tell".
         """
-        if k in self._stale[ti]:
+        if k in self._stale[ti] or ti in self._unread:
             return None
         try:
             return self._hints[ti](k)
@@ -108,6 +111,8 @@ class Coherence:
         remove of it is queued, it is not stale, and the tier does not say it lost it."""
         removing, stale, hint = self._removing[ti], self._stale[ti], self._hints[ti]
         out: set[bytes] = set()
+        if ti in self._unread:
+            return out
         for k in keys:
             if k in removing or k in stale:
                 continue
@@ -139,6 +144,24 @@ class Coherence:
             for ti in range(len(self._names)):
                 self._backoff.pop((ti, k), None)
         self.demoting.pop(k, None)
+
+    def clearing(self, ti: int) -> None:
+        """Tier ``ti`` is about to drop every block: read nothing from it until it has."""
+        self._unread.add(ti)
+
+    def cleared(self, ti: int, *, ok: bool) -> None:
+        """Tier ``ti``'s clear finished: empty, every stale key and back-off there is moot.
+        After a failed clear the tier may hold anything older: it stays unread."""
+        if not ok:
+            return
+        self._unread.discard(ti)
+        self._stale[ti].clear()
+        for key in [key for key in self._backoff if key[0] == ti]:
+            del self._backoff[key]
+
+    def unread_tiers(self) -> list[int]:
+        """Tiers not read at all (being cleared, or their last clear failed)."""
+        return sorted(self._unread)
 
     def prune_backoff(self) -> None:
         """Forget back-offs that ran out (called at step boundaries; cheap when few)."""

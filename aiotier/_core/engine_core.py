@@ -420,6 +420,24 @@ class EngineCore:
             self.writes.push(ti, remove(k, callback))
         return present
 
+    def clear(self) -> None:
+        """Drop every block of the primary (as :meth:`delete` would: in-flight readers and
+        loaders keep their pins, a pending store of a key is not made visible, a promotion's
+        bytes are not kept) and every queued write and remove, and read no tier until its own
+        clear reports (:meth:`Coherence.cleared`)."""
+        table, coherence = self.table, self.coherence
+        removed: list[bytes] = []
+        for k, slot in list(table.index.items()):
+            if table.state[slot] in (READY, PROMOTING):
+                removed.append(k)
+            self.forget(k, slot)
+        if removed:
+            self.events.append(BlockEvent(tuple(removed), self.primary_name, True))
+        self.writes.drop_all(failed=False)
+        coherence.demoting.clear()
+        for ti in range(len(self.tier_names)):
+            coherence.clearing(ti)
+
     def cached(self, k: bytes) -> bytes | None:
         """``get``'s hit: the bytes of ``k`` from the primary, or on their way down (put back
         into the primary if there is room), counted as a primary hit; None otherwise.

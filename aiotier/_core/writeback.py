@@ -241,14 +241,16 @@ class WriteQueues:
             else:
                 coherence.remove_done(ti, op.key)
 
-    def drop_all(self) -> int:
-        """Give up on every queued op (each counted as a failed one); return how many."""
+    def drop_all(self, *, failed: bool = True) -> int:
+        """Give up on every queued op; return how many. Each is counted as a failed one unless
+        ``failed=False`` (a clear of every tier makes them moot)."""
         dropped = 0
         for ti, q in enumerate(self._queues):
             batch = list(q)
             q.clear()
             for op in batch:
-                self._stats.count("tier_errors", self._names[ti], op.kind.value)
+                if failed:
+                    self._stats.count("tier_errors", self._names[ti], op.kind.value)
                 if op.done is not None:
                     op.done(False)
             self.finished(ti, batch)

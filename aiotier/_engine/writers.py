@@ -74,6 +74,10 @@ class Writers:
         self._idle = asyncio.Event()
         self._idle.set()
         self._tasks: list[asyncio.Task[None]] = []
+        self._running = asyncio.Event()  # cleared while paused: no new batch starts
+        self._running.set()
+        self._applying = 0  # batches being applied now
+        self._applied = asyncio.Event()  # set when the last batch being applied finishes
 
     def notify(self, ti: int) -> None:
         """An op was queued for tier ``ti`` (the core calls this, maybe from another thread)."""
@@ -94,6 +98,18 @@ class Writers:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def pause(self, timeout: float) -> None:
+        """Start no new batch, and return once none is being applied (or ``timeout`` passed:
+        ``TimeoutError``, still paused). :meth:`resume` undoes it."""
+        self._running.clear()
+        async with asyncio.timeout(timeout):
+            while self._applying:
+                self._applied.clear()
+                await self._applied.wait()
+
+    def resume(self) -> None:
+        self._running.set()
 
     def done(self) -> bool:
         return all(t.done() for t in self._tasks)
@@ -125,6 +141,8 @@ class Writers:
         writes, lock = self._core.writes, self._guard.lock
         wakeup = self._wakeups[ti]
         while True:
+            if not self._running.is_set():
+                await self._running.wait()
             with lock:
                 batch = writes.next_batch(ti)
                 idle = not batch and writes.idle()
@@ -134,6 +152,7 @@ class Writers:
                 wakeup.clear()
                 await wakeup.wait()
                 continue
+            self._applying += 1
             try:
                 if batch[0].kind is OpKind.WRITE:
                     await self._write(ti, batch)
@@ -142,6 +161,9 @@ class Writers:
             finally:
                 with lock:
                     writes.finished(ti, batch)
+                self._applying -= 1
+                if not self._applying:
+                    self._applied.set()
 
     async def _write(self, ti: int, batch: list[WriteOp]) -> None:
         tier = self._tiers[ti]

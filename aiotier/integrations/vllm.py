@@ -493,15 +493,10 @@ class AiotierOffloadingManager:
         ]
 
     def reset_cache(self) -> None:
-        """Not supported: aiotier's public API has no call that empties every tier at once.
-
-        vLLM calls this to drop all offloaded KV (for example after new weights are loaded);
-        pretending to succeed would let stale blocks be served, so it raises.
-        """
-        raise NotImplementedError(
-            "AiotierOffloadingManager.reset_cache: aiotier has no public call that empties "
-            "the engine's tiers; restart the engine with empty tiers instead"
-        )
+        """Drop every offloaded block, from every tier (:meth:`TieringEngine.clear`): vLLM
+        calls this when cached KV went invalid at once (new weights). Raises when a tier could
+        not be cleared; that tier is not read until a later reset succeeds."""
+        self.engine.clear()
 
     def get_stats(self) -> None:
         """None: aiotier exports its metrics through OpenTelemetry at each step boundary

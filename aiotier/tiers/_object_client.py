@@ -175,6 +175,21 @@ class ObstoreClient:
         """Delete every name (S3's bulk DeleteObjects, up to 1000 names a request)."""
         await self._run(lambda: self._obs.delete_async(self.store, names))
 
+    async def list_page(self, prefix: str, after: str | None, limit: int) -> list[str]:
+        """Up to ``limit`` names under ``prefix`` that sort after ``after``, in order (one
+        request: a page asked for afresh, so a retry asks the same question again)."""
+        obs = self._obs
+
+        async def request() -> list[str]:
+            stream = obs.list(self.store, prefix or None, offset=after, chunk_size=limit)
+            try:
+                chunk = await anext(stream)
+            except StopAsyncIteration:
+                return []
+            return sorted(str(meta["path"]) for meta in chunk)
+
+        return await self._run(request) or []
+
     async def probe(self, prefix: str) -> None:
         """GET an object that never exists: the answer shows the server is there, the bucket
         exists and our credentials work (a missing bucket or a refusal: :class:`Refused`)."""

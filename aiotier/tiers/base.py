@@ -106,6 +106,23 @@ class SecondaryTier(ABC):
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release resources. Called once by the engine on close."""
 
+    # -- clearing ------------------------------------------------------------------------------
+
+    @property
+    def can_clear(self) -> bool:
+        """Whether :meth:`clear` is implemented (``TieringEngine.clear`` checks every tier
+        before it changes anything). A wrapper tier answers for the tier it wraps."""
+        return type(self).clear is not SecondaryTier.clear
+
+    async def clear(self) -> None:
+        """Drop every block this tier holds, for good: once this returns, no lookup or read
+        finds a block written before the call, also after a restart (a persistent tier makes
+        the clear durable). Raise if that could not be done; the engine then reads nothing
+        from this tier until a later clear succeeds. The engine sends no write or remove while
+        it runs; reads of blocks that are going may still be in flight, and must fail or miss
+        rather than return the bytes. Optional: tiers without it make ``clear`` refuse."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be cleared")
+
     # -- the five operations ---------------------------------------------------------------------
 
     @abstractmethod

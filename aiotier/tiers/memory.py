@@ -102,6 +102,11 @@ class MemoryTier(SecondaryTier):
         handed = self._evicted.pop(key, None) is not None
         return self._data.pop(key, None) is not None or handed
 
+    async def clear(self) -> None:
+        self._budget = ByteBudgetLRU(self._budget.capacity)
+        self._data.clear()
+        self._evicted.clear()
+
     def contains_hint(self, key: bytes) -> bool | None:
         return key in self._data or key in self._evicted
 

@@ -28,6 +28,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any, Final, TypeVar
 
 from .._types import LookupResult
@@ -45,6 +46,9 @@ _T = TypeVar("_T")
 
 #: The frame size lookups assume, until the engine tells the block size or a body is seen.
 _FRAME_GUESS: Final = 1 << 20
+
+#: Names listed per request by ``clear`` (S3 answers at most 1000).
+_CLEAR_PAGE = 1000
 
 #: Objects whose bytes failed verification, remembered by ETag so lookups answer MISS for them
 #: without another GET until someone writes the key again. Bounded: old entries fall out.
@@ -83,6 +87,9 @@ class _Recent:
 
     def drop(self, name: str) -> None:
         self._names.pop(name, None)
+
+    def clear(self) -> None:
+        self._names.clear()
 
 
 class ObjectStoreTier(GuardedTier, SecondaryTier):
@@ -354,6 +361,24 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
             raise outcome
         return outcome
 
+    async def clear(self) -> None:
+        """Delete every block object under ``prefix`` (the whole fleet's; not other objects
+        there): one pass over the listing, each page of up to 1000 names one request, its
+        blocks deleted in one bulk request, each with its own deadline."""
+        after: str | None = None
+        while names := await self._call(
+            "clear", partial(self.client.list_page, self.prefix, after, _CLEAR_PAGE),
+            self._deadline(),
+        ):
+            after = names[-1]
+            if blocks := [n for n in names if _is_block_name(n, self.prefix)]:
+                await self._call("clear", partial(self.client.delete, blocks), self._deadline())
+        self._written.clear()
+        self._bytes_written = 0
+        self._recent.clear()
+        self._bad.clear()
+        self._lookahead.clear()
+
     def usage(self) -> TierUsage:
         """What this tier instance wrote and has not seen removed or gone.
 
@@ -570,6 +595,16 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         size = self._written.pop(name, None)
         if size is not None:
             self._bytes_written -= size
+
+
+def _is_block_name(name: str, prefix: str) -> bool:
+    """Whether ``name`` is one :meth:`ObjectStoreTier.object_name` makes under ``prefix``."""
+    digest = name[len(prefix) :]
+    return (
+        name.startswith(prefix)
+        and len(digest) == 32
+        and all(c in "0123456789abcdef" for c in digest)
+    )
 
 
 def _check_prefix(prefix: object) -> None:

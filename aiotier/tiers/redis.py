@@ -27,7 +27,9 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from .._types import LookupResult
@@ -96,8 +98,8 @@ class _SingleServer:
     async def get_many(self, client: Any, rkeys: list[bytes]) -> list[bytes | None]:
         return list(await client.mget(rkeys))
 
-    async def delete_many(self, client: Any, rkeys: list[bytes]) -> int:
-        return int(await client.delete(*rkeys))
+    async def delete_many(self, client: Any, keys: list[bytes]) -> int:
+        return int(await client.delete(*keys))
 
 
 class _Cluster(_SingleServer):
@@ -118,9 +120,9 @@ class _Cluster(_SingleServer):
             pipe.get(rkey)
         return list(await pipe.execute())
 
-    async def delete_many(self, client: Any, rkeys: list[bytes]) -> int:
+    async def delete_many(self, client: Any, keys: list[bytes]) -> int:
         pipe = _pipeline(client)
-        for rkey in rkeys:
+        for rkey in keys:
             pipe.delete(rkey)
         return sum(int(x) for x in await pipe.execute())
 
@@ -425,6 +427,22 @@ class RedisTier(GuardedTier, SecondaryTier):
                 out.append(bool(reply))
         return out
 
+    async def clear(self) -> None:
+        """Delete every block under this tier's namespace, whoever wrote it (the whole
+        fleet's; keys that are not block keys are left alone): ``SCAN`` pages (every primary
+        of a cluster), each followed by a delete of what it found; every page and every delete
+        is one call within ``timeout``."""
+        pattern = _glob_escape(self._prefix) + b"[0-9a-f]" * 32
+        pages = self._ensure_client().scan_iter(match=pattern, count=_CLEAR_PAGE)
+        deployment = self._deployment
+        try:
+            while rkeys := await self._call("clear", lambda _c: _next_page(pages, _CLEAR_PAGE)):
+                await self._call("clear", partial(deployment.delete_many, keys=rkeys))
+        finally:
+            await pages.aclose()
+        self._written.clear()
+        self._bytes_written = 0
+
     def usage(self) -> TierUsage:
         """What this tier instance wrote and has not seen removed or expired.
 
@@ -594,6 +612,25 @@ class RedisTier(GuardedTier, SecondaryTier):
         _log.warning(
             "redis tier %r: dropped %d value(s) that failed verification", self.name, len(rkeys)
         )
+
+
+#: Keys asked of each SCAN and deleted at once by ``clear``.
+_CLEAR_PAGE: Final = 512
+
+
+def _glob_escape(literal: bytes) -> bytes:
+    """``literal`` as a ``SCAN MATCH`` pattern that matches only itself."""
+    return re.sub(rb"([*?\[\]\\])", rb"\\\1", literal)
+
+
+async def _next_page(keys: AsyncIterator[bytes], n: int) -> list[bytes]:
+    """Up to ``n`` more keys from a ``scan_iter`` (empty: the scan is over)."""
+    page: list[bytes] = []
+    async for rkey in keys:
+        page.append(rkey)
+        if len(page) >= n:
+            break
+    return page
 
 
 def _driver_info() -> Any:

@@ -477,8 +477,8 @@ class SSDTier(SecondaryTier):
 
     # -- removes and clearing -----------------------------------------------------------------
 
-    def _clear_op(self, slots: list[int]) -> SlotClears:
-        op = SlotClears(self.fsync, self._clears_done)
+    def _clear_op(self, slots: list[int], *, sync: bool | None = None) -> SlotClears:
+        op = SlotClears(self.fsync if sync is None else sync, self._clears_done)
         for slot in slots:
             fd, off = self._locate(slot)
             op.add(fd, off, slot)
@@ -530,6 +530,30 @@ class SSDTier(SecondaryTier):
         if failed:  # gone from the index either way; a restart may find them (then: verified)
             log.warning("ssd tier %r: %d removes not cleared on disk", self.name, failed)
         return [found[_as_key(k)] for k in keys]
+
+    async def clear(self) -> None:
+        """Every block dropped: the index emptied and every slot's header cleared and synced
+        (whatever ``fsync`` says: a cleared block must not come back after a crash). Raises
+        :class:`~aiotier.errors.TieringError` when a header could not be cleared."""
+        runner = self._check_open()
+        keys = list(self._index.lru)
+        await self._turns.acquire(keys)
+        try:
+            self._handover.drop_all()
+            self._evicted_keys.clear()
+            slots = [slot for key in keys if (slot := self._index.plan_remove(key)) >= 0]
+            errors: list[Any] = []
+            if slots:
+                errors = await runner.submit(self._clear_op(slots, sync=True), withdrawable=False)
+        finally:
+            for key in keys:
+                self._turns.release(key)
+        failed = [e for e in errors if e is not None]
+        if failed:
+            raise TieringError(
+                f"ssd tier {self.name!r}: {len(failed)} of {len(slots)} slot headers not cleared "
+                f"on disk (first: {failed[0]})"
+            )
 
     # -- evictions and usage -------------------------------------------------------------------
 

@@ -219,3 +219,44 @@ def test_every_counter_the_core_bumps_is_a_metric_with_its_labels() -> None:
     assert keys
     for key in keys:
         assert key[0] in labels and len(key) - 1 == labels[key[0]], key
+
+
+def test_a_clear_forgets_every_block_and_reads_no_tier_until_it_cleared() -> None:
+    h = Harness(num_blocks=2, tiers=("memory", "ssd"))
+    core = h.core
+    assert core.put(b"a", b"a")
+    assert core.put(b"b", b"b")
+    assert core.put(b"c", b"c")  # evicts a: a write of it is queued for the first tier
+    spec = core.prepare_load([b"b"], "r1")  # b's slot is the loader's until complete_load
+    assert core.writes.queued_bytes == 1
+    core.take_events()
+
+    core.clear()
+    assert core.table.index == {}
+    assert core.copy_ready(b"a") is None and core.coherence.demoting == {}
+    (event,) = core.take_events()
+    assert (set(event.keys), event.tier, event.removed) == ({b"b", b"c"}, "primary", True)
+    assert len(core.writes) == 0 and core.writes.queued_bytes == 0
+    assert h.count("tier_errors", "memory", "write") == 0  # dropped, not failed
+    assert not core.coherence.may_read(0, b"x") and not core.coherence.may_read(1, b"x")
+    assert core.table.pinned() == 1  # the load's slot stays until it completes
+    assert bytes(spec.buffers[0]) == b"b"
+    core.complete_load([b"b"], "r1")
+    assert core.table.pinned() == 0 and len(core.table.free) == 2
+
+    core.coherence.cleared(0, ok=True)
+    core.coherence.cleared(1, ok=False)  # a failed clear: the tier may hold anything old
+    assert core.coherence.may_read(0, b"x")
+    assert not core.coherence.may_read(1, b"x")
+    assert core.coherence.unread_tiers() == [1]
+
+
+def test_a_store_pending_at_a_clear_is_not_made_visible() -> None:
+    h = Harness()
+    core = h.core
+    out = core.prepare_store([b"k"], "r1")
+    assert out is not None
+    core.clear()
+    core.complete_store([b"k"], "r1", success=True, sizes=[1])
+    assert core.settled_answers([b"k"]) == [MISS]
+    assert core.table.pinned() == 0 and len(core.table.free) == 4

@@ -653,9 +653,28 @@ def test_vllm_types_from_a_module() -> None:
         VllmTypes.from_module(SimpleNamespace(__name__="vllm.v1.kv_offload.abstract"))
 
 
+def test_reset_cache_drops_every_block_from_every_tier() -> None:
+    tier = seeded_memory_tier(to_keys([7, 8]))
+    m = make_manager(secondary=[tier])
+    try:
+        out = m.prepare_store(to_keys([1, 2]), _EMPTY_REQ_CTX)
+        assert out is not None
+        m.complete_store(to_keys([1, 2]), _EMPTY_REQ_CTX)
+        m.take_events()
+        m.reset_cache()
+        verify_events(m.take_events(), expected_evictions=({1, 2},))
+        assert [m.lookup(k, _EMPTY_REQ_CTX) for k in to_keys([1, 2, 7, 8])] == [MISS] * 4
+        assert tier.usage().blocks == 0
+        # storing goes on as before
+        out = m.prepare_store(to_keys([3]), _EMPTY_REQ_CTX)
+        assert out is not None
+        m.complete_store(to_keys([3]), _EMPTY_REQ_CTX)
+        assert m.lookup(to_key(3), _EMPTY_REQ_CTX) is HIT
+    finally:
+        m.shutdown()
+
+
 def test_what_aiotier_does_not_do(manager: AiotierOffloadingManager) -> None:
-    with pytest.raises(NotImplementedError, match="reset_cache"):
-        manager.reset_cache()
     assert manager.get_stats() is None
     assert not manager.has_pending_work()
     with pytest.raises(TypeError, match="BlockingEngine"):

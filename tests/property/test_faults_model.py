@@ -124,7 +124,7 @@ async def _ticks(n: int) -> None:
 # --------------------------------------------------------------------- operations of a batch
 # Each strategy draws a tuple (name, args...); FaultsModel.<name> runs it against the engine.
 
-OPS = st.one_of(
+_OPS = st.one_of(
     st.tuples(st.just("op_put"), KEYS, VALUES),
     st.tuples(st.just("op_get"), KEYS, REQS),
     st.tuples(st.just("op_delete"), KEYS),
@@ -142,6 +142,8 @@ OPS = st.one_of(
     ),
     st.tuples(st.just("op_new_step"), st.lists(st.sampled_from(REQ_IDS), max_size=2)),
 )
+# one operation in about 24 is a clear of everything (more would leave little to promote)
+OPS = st.integers(0, 23).flatmap(lambda n: st.just(("op_clear",)) if n == 0 else _OPS)
 
 
 class FaultsModel(RuleBasedStateMachine):
@@ -194,6 +196,7 @@ class FaultsModel(RuleBasedStateMachine):
             .delay("lookup", 0.002, 0.5)
             .fail("write", 0.05)
             .delay("write", 0.003, 0.5)
+            .fail("clear", 0.2)
         )
         if remove_faults:
             upper.fail("remove", 0.1)
@@ -230,6 +233,18 @@ class FaultsModel(RuleBasedStateMachine):
     async def op_delete(self, key: str) -> None:
         self.versions.write(key, None)  # delete drops the key before its first await
         await self.e.delete(key)
+
+    async def op_clear(self) -> None:
+        for key in KEY_NAMES:  # clear drops every key before its first await
+            self.versions.write(key, None)
+        try:
+            await self.e.clear(timeout=1.0)
+        except TieringError:
+            if self.closing:
+                raise
+            FIGURES["clears_failed"] += 1  # a tier is unread until a clear succeeds
+        else:
+            FIGURES["clears"] += 1
 
     async def _settle(self, keys: Sequence[str]) -> list[LookupResult]:
         """A RETRY must settle within promotion_timeout (+ margin), to HIT or MISS."""

@@ -375,6 +375,28 @@ async def test_a_body_fetched_across_a_write_of_its_key_is_not_kept(s3: S3Endpoi
         await reader.aclose()
 
 
+async def test_clear_deletes_every_block_under_the_prefix_and_nothing_else(
+    s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("aiotier.tiers.objectstore._CLEAR_PAGE", 4)  # several pages
+    keys = [f"c{i}".encode() for i in range(10)]
+    await written(s3, [(k, k) for k in keys])
+    store = s3.store()
+    await obstore.put_async(store, s3.prefix + "notes.txt", b"mine")  # type: ignore[arg-type]
+    await obstore.put_async(store, s3.prefix + "sub/" + "0" * 32, b"x")  # type: ignore[arg-type]
+    t = tier_on(s3)
+    await t.open()
+    try:
+        assert await t.lookup_many(keys) == [HIT] * 10  # (bodies fetched for the look-ahead)
+        await t.clear()
+        assert await t.lookup_many(keys) == [MISS] * 10
+        assert await t.read_many_into(keys[:2], [buf(), buf()]) == [-1, -1]
+        assert sorted(await listed(s3)) == [s3.prefix + "notes.txt", s3.prefix + "sub/" + "0" * 32]
+        assert t.usage().blocks == 0
+    finally:
+        await t.aclose()
+
+
 # -- immutable keys -------------------------------------------------------------------------------
 
 

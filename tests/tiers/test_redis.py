@@ -719,6 +719,34 @@ async def test_rediss_tls_url(redis_server_factory: RedisServerFactory, tmp_path
         await t.aclose()
 
 
+async def test_clear_deletes_the_namespaces_blocks_and_nothing_else(
+    redis_url: str, raw: redis_asyncio.Redis
+) -> None:
+    # "?" in the namespace matches only itself: "clrX:" blocks are another fleet's
+    t = RedisTier(redis_url, namespace="clr?", timeout=2.0)
+    other = RedisTier(redis_url, namespace="clrX", timeout=2.0)
+    await t.open()
+    await other.open()
+    try:
+        keys = [f"c{i}".encode() for i in range(600)]  # more than one SCAN page
+        assert await t.write_many([(k, k) for k in keys]) == [None] * 600
+        assert await other.write_many([(b"o", b"o")]) == [None]
+        await raw.set(b"clr?:not-a-block", b"x")
+        await t.clear()
+        assert await t.lookup_many(keys) == [LookupResult.MISS] * 600
+        assert t.usage().blocks == 0
+        assert await other.lookup(b"o") is LookupResult.HIT
+        assert await raw.get(b"clr?:not-a-block") == b"x"
+        await t.write(b"after", b"a")  # the tier goes on
+        assert await t.lookup(b"after") is LookupResult.HIT
+    finally:
+        await raw.delete(b"clr?:not-a-block")
+        await other.remove(b"o")
+        await t.clear()
+        await t.aclose()
+        await other.aclose()
+
+
 @pytest.fixture
 def cluster_server(redis_server_factory: RedisServerFactory, tmp_path: Any) -> RedisServer:
     """A one-node Redis Cluster owning every slot (multi-key commands still need one slot)."""
@@ -751,6 +779,18 @@ def cluster_server(redis_server_factory: RedisServerFactory, tmp_path: Any) -> R
             pytest.fail("one-node cluster never reached cluster_state:ok")
         time.sleep(0.05)
     return server
+
+
+async def test_cluster_mode_clear_scans_every_slot(cluster_server: RedisServer) -> None:
+    t = RedisTier(cluster_server.url.removesuffix("/0"), cluster=True, ttl=60)
+    await t.open()
+    try:
+        keys = [f"cluster-clear-{i}".encode() for i in range(100)]
+        assert await t.write_many([(k, k) for k in keys]) == [None] * 100
+        await t.clear()
+        assert await t.lookup_many(keys) == [LookupResult.MISS] * 100
+    finally:
+        await t.aclose()
 
 
 async def test_cluster_mode_round_trips_across_slots(cluster_server: RedisServer) -> None:

@@ -104,3 +104,8 @@ class Handover:
 
     def clear(self) -> None:
         self.taken.clear()
+
+    def drop_all(self) -> None:
+        """Forget every block in transit (the tier is being cleared)."""
+        for key in [*self.leaving, *self.handed, *self.taken]:
+            self.supersede(key)

@@ -1,0 +1,171 @@
+"""``TieringEngine.clear``: once it returns, no block stored before it is found anywhere; a tier
+that cannot clear is refused before anything changes, one whose clear fails is not read again
+until a clear succeeds; loads handed out, stores pending, promotions and writes in flight."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from helpers import block, eventually, seeded
+
+from aiotier import (
+    ConfigError,
+    LookupResult,
+    MemoryTier,
+    PrimaryTier,
+    RequestContext,
+    SecondaryTier,
+    TieringEngine,
+    TieringError,
+    TierUsage,
+)
+from aiotier.testing import FaultyTier
+
+HIT, MISS, RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY
+R1 = RequestContext("r1")
+
+
+async def test_nothing_stored_before_a_clear_is_found_after_it() -> None:
+    m1, m2 = MemoryTier(64 * 3, name="m1"), await seeded(4, name="m2")
+    async with TieringEngine(PrimaryTier(2, 64), [m1, m2]) as e:
+        for i in range(6):
+            assert await e.put(f"p{i}", block(i))
+        await e.flush()
+        assert e.stats().tiers["m1"].blocks == 3
+        e.take_events()
+
+        await e.clear()
+        keys = [f"p{i}" for i in range(6)] + [f"k{i}" for i in range(4)]
+        assert [await e.get(k) for k in keys] == [None] * 10
+        assert await e.lookup_prefix(keys) == 0
+        assert {t: u.blocks for t, u in e.stats().tiers.items()} == {
+            "primary": 0, "m1": 0, "m2": 0,
+        }  # fmt: skip
+        (event,) = e.take_events()
+        assert (set(event.keys), event.tier, event.removed) == ({b"p4", b"p5"}, "primary", True)
+
+        # the engine goes on: new blocks are stored, demoted and promoted as before
+        for i in range(4):
+            assert await e.put(f"n{i}", block(10 + i))
+        await e.flush()
+        assert m1.contains_hint(b"n0") and m1.contains_hint(b"n1")
+        assert await e.get("n0") == block(10)  # promoted from m1
+
+
+class NoClear(SecondaryTier):
+    """A user's tier without ``clear``."""
+
+    def __init__(self) -> None:
+        super().__init__("noclear")
+        self.data: dict[bytes, bytes] = {}
+
+    async def lookup(self, key: bytes) -> LookupResult:
+        return HIT if key in self.data else MISS
+
+    async def read_into(self, key: bytes, buf: memoryview) -> int:
+        data = self.data.get(key)
+        if data is None:
+            return -1
+        buf[: len(data)] = data
+        return len(data)
+
+    async def write(self, key: bytes, data: bytes | memoryview) -> None:
+        self.data[key] = bytes(data)
+
+    async def remove(self, key: bytes) -> bool:
+        return self.data.pop(key, None) is not None
+
+    def usage(self) -> TierUsage:
+        return TierUsage(len(self.data), sum(map(len, self.data.values())), None)
+
+
+async def test_a_tier_that_cannot_clear_is_refused_before_anything_changes() -> None:
+    tier = NoClear()
+    assert not tier.can_clear and not FaultyTier(tier).can_clear
+    assert MemoryTier(1).can_clear and FaultyTier(MemoryTier(1)).can_clear
+    async with TieringEngine(PrimaryTier(1, 64), [MemoryTier(1 << 20), tier]) as e:
+        assert await e.put("a", block(1))
+        with pytest.raises(ConfigError, match="'noclear' cannot be cleared"):
+            await e.clear()
+        assert await e.get("a") == block(1)
+
+
+async def test_a_tier_whose_clear_failed_is_not_read_until_a_clear_succeeds() -> None:
+    inner = await seeded(2)
+    tier = FaultyTier(inner).fail("clear")
+    async with TieringEngine(PrimaryTier(2, 64), [tier]) as e:
+        with pytest.raises(TieringError, match=r"'memory' \(ConnectionError: injected clear"):
+            await e.clear()
+        reads = tier.calls["read"] + tier.calls["lookup"]
+        assert await e.get("k0") is None  # still there below, and never served
+        assert await e.lookup("k1", R1) is MISS
+        assert tier.calls["read"] + tier.calls["lookup"] == reads
+        assert e.stats().tiers["memory"].blocks == 2
+
+        tier.heal()
+        await e.clear()
+        assert e.stats().tiers["memory"].blocks == 0
+        assert await e.put("x", block(7))
+        assert await e.put("y", block(8))
+        assert await e.put("z", block(9))  # evicts x to the tier
+        await e.flush()
+        assert await e.get("x") == block(7)  # read from the tier again
+        assert tier.calls["read"] > 0
+
+
+async def test_a_load_handed_out_keeps_its_bytes_and_a_pending_store_stays_invisible() -> None:
+    async with TieringEngine(PrimaryTier(4, 64), [MemoryTier(1 << 20)]) as e:
+        assert await e.put("loaded", block(1))
+        spec = e.prepare_load(["loaded"], R1)
+        out = e.prepare_store(["stored"], R1)
+        assert out is not None
+        await e.clear()
+        assert bytes(spec.buffers[0]) == block(1)  # the loader's slot is not reused
+        assert e.stats().pinned_blocks == 2  # the load's slot and the pending store's
+        e.complete_load(["loaded"], R1)
+        out.store_spec.buffers[0][:64] = block(2)
+        e.complete_store(["stored"], R1, sizes=[64])
+        assert await e.get("loaded") is None and await e.get("stored") is None
+        assert e.stats().pinned_blocks == 0
+
+
+async def test_a_promotion_in_flight_at_a_clear_lands_nothing() -> None:
+    inner = await seeded(2)
+    tier = FaultyTier(inner).delay("read", 0.1)
+    async with TieringEngine(PrimaryTier(4, 64), [tier]) as e:
+        assert await e.lookup("k0", R1) is RETRY  # the read is under way
+        await e.clear()
+        assert await e.wait(["k0"], timeout=5) == [MISS]
+        assert await e.get("k0") is None
+        await eventually(lambda: e.stats().promotions_in_flight == 0, what="the read stopped")
+        assert e.stats().pinned_blocks == 0 and await e.get("k0") is None
+
+
+async def test_writes_in_flight_finish_before_the_tier_clears_and_new_ones_after() -> None:
+    inner = MemoryTier(1 << 20)
+    tier = FaultyTier(inner).delay("write", 0.1)
+    async with TieringEngine(PrimaryTier(1, 64), [tier]) as e:
+        assert await e.put("old", block(1))
+        assert await e.put("x", block(2))  # evicts old: its write starts and takes 0.1 s
+        await eventually(lambda: tier.calls["write"] > 0, what="the write started")
+        clearing = asyncio.create_task(e.clear())
+        await asyncio.sleep(0)  # the clear begins: the primary is emptied, the writers pause
+        assert await e.put("new", block(3))  # stored during the clear (evicts x, dropped)
+        assert await e.put("y", block(4))  # evicts new: written once the tier has cleared
+        await clearing
+        await e.flush()
+        assert inner.contains_hint(b"old") is False
+        assert inner.contains_hint(b"x") is False
+        assert inner.contains_hint(b"new") is True
+        assert await e.get("new") == block(3)
+
+
+async def test_clear_needs_an_open_engine() -> None:
+    e = TieringEngine(PrimaryTier(1, 64), [MemoryTier(1 << 20)])
+    with pytest.raises(TieringError, match="not open"):
+        await e.clear()
+    async with e:
+        pass
+    with pytest.raises(TieringError, match="closed"):
+        await e.clear()
