@@ -17,11 +17,14 @@ newest copy below the primary and are served from memory before any tier is aske
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import TypeVar
 
 from .stats import StepStats
 
 __all__ = ["Coherence", "Hint"]
+
+_K = TypeVar("_K", bound=Hashable)
 
 #: A tier's ``contains_hint``: whether it holds a key, known without I/O, or None.
 Hint = Callable[[bytes], "bool | None"]
@@ -32,7 +35,9 @@ class Coherence:
 
     __slots__ = (
         "_backoff",
+        "_clearing",
         "_clock",
+        "_failed",
         "_hints",
         "_names",
         "_removing",
@@ -62,7 +67,9 @@ class Coherence:
         self._removing: list[Counter[bytes]] = [Counter() for _ in range(n)]
         self._stale: list[set[bytes]] = [set() for _ in range(n)]
         self._backoff: dict[tuple[int, bytes], float] = {}  # (tier, key) -> until
-        self._unread: set[int] = set()  # tiers being cleared, or whose last clear failed
+        self._clearing: Counter[int] = Counter()  # tier -> clears under way
+        self._failed: set[int] = set()  # tiers whose last clear failed
+        self._unread: set[int] = set()  # either of the two: read nothing there
         #: key -> its newest bytes, copied out of the primary and on their way down
         self.demoting: dict[bytes, bytes] = {}
 
@@ -146,18 +153,25 @@ class Coherence:
         self.demoting.pop(k, None)
 
     def clearing(self, ti: int) -> None:
-        """Tier ``ti`` is about to drop every block: read nothing from it until it has."""
+        """Tier ``ti`` is about to drop every block: read nothing from it until it has (and
+        until every other clear under way has too)."""
+        self._clearing[ti] += 1
         self._unread.add(ti)
 
     def cleared(self, ti: int, *, ok: bool) -> None:
-        """Tier ``ti``'s clear finished: empty, every stale key and back-off there is moot.
-        After a failed clear the tier may hold anything older: it stays unread."""
-        if not ok:
-            return
-        self._unread.discard(ti)
-        self._stale[ti].clear()
-        for key in [key for key in self._backoff if key[0] == ti]:
-            del self._backoff[key]
+        """A clear of tier ``ti`` finished: empty, every stale key and back-off there is moot.
+        After a failed one the tier may hold anything older: it stays unread until a clear
+        succeeds."""
+        _decrement(self._clearing, ti)
+        if ok:
+            self._failed.discard(ti)
+            self._stale[ti].clear()
+            for key in [key for key in self._backoff if key[0] == ti]:
+                del self._backoff[key]
+        else:
+            self._failed.add(ti)
+        if not self._clearing[ti] and ti not in self._failed:
+            self._unread.discard(ti)
 
     def unread_tiers(self) -> list[int]:
         """Tiers not read at all (being cleared, or their last clear failed)."""
@@ -203,7 +217,7 @@ class Coherence:
         return any(self._writing) or any(self._removing)
 
 
-def _decrement(counter: Counter[bytes], k: bytes) -> None:
+def _decrement(counter: Counter[_K], k: _K) -> None:
     n = counter[k] - 1
     if n <= 0:
         del counter[k]

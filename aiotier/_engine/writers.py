@@ -76,6 +76,7 @@ class Writers:
         self._tasks: list[asyncio.Task[None]] = []
         self._running = asyncio.Event()  # cleared while paused: no new batch starts
         self._running.set()
+        self._pauses = 0  # pause() calls not resumed yet
         self._applying = 0  # batches being applied now
         self._applied = asyncio.Event()  # set when the last batch being applied finishes
 
@@ -101,7 +102,8 @@ class Writers:
 
     async def pause(self, timeout: float) -> None:
         """Start no new batch, and return once none is being applied (or ``timeout`` passed:
-        ``TimeoutError``, still paused). :meth:`resume` undoes it."""
+        ``TimeoutError``, still paused). Each call is undone by one :meth:`resume`."""
+        self._pauses += 1
         self._running.clear()
         async with asyncio.timeout(timeout):
             while self._applying:
@@ -109,7 +111,9 @@ class Writers:
                 await self._applied.wait()
 
     def resume(self) -> None:
-        self._running.set()
+        self._pauses -= 1
+        if not self._pauses:
+            self._running.set()
 
     def done(self) -> bool:
         return all(t.done() for t in self._tasks)

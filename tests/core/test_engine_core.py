@@ -260,3 +260,16 @@ def test_a_store_pending_at_a_clear_is_not_made_visible() -> None:
     core.complete_store([b"k"], "r1", success=True, sizes=[1])
     assert core.settled_answers([b"k"]) == [MISS]
     assert core.table.pinned() == 0 and len(core.table.free) == 4
+
+
+def test_a_tier_is_read_again_only_once_every_clear_under_way_finished() -> None:
+    coherence = Harness().core.coherence
+    coherence.clearing(0)
+    coherence.clearing(0)  # two clears at once
+    coherence.cleared(0, ok=True)
+    assert not coherence.may_read(0, b"k")  # the second one has not cleared it yet
+    coherence.cleared(0, ok=False)
+    assert not coherence.may_read(0, b"k")  # and it failed: anything old may be there
+    coherence.clearing(0)
+    coherence.cleared(0, ok=True)
+    assert coherence.may_read(0, b"k") and coherence.unread_tiers() == []

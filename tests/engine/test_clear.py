@@ -169,3 +169,24 @@ async def test_clear_needs_an_open_engine() -> None:
         pass
     with pytest.raises(TieringError, match="closed"):
         await e.clear()
+
+
+async def test_two_clears_at_once_both_hold() -> None:
+    inner = await seeded(2)
+    tier = FaultyTier(inner).delay("clear", 0.05)
+    async with TieringEngine(PrimaryTier(1, 64), [tier]) as e:
+        first = asyncio.create_task(e.clear())
+        await asyncio.sleep(0)
+        assert await e.put("between", block(1))
+        assert await e.put("x", block(2))  # evicts "between": queued, then dropped by ...
+        second = asyncio.create_task(e.clear())  # ... this clear
+        await asyncio.sleep(0)
+        await asyncio.gather(first, second)
+        assert await e.get("k0") is None and await e.get("between") is None
+        assert await e.get("x") is None
+        # both finished: the tier is read again
+        assert await e.put("a", block(3))
+        assert await e.put("b", block(4))  # evicts a to the tier
+        await e.flush()
+        assert await e.get("a") == block(3)
+        assert inner.contains_hint(b"a") is True
