@@ -50,6 +50,7 @@ async def clear_everything(
     deadline = loop.time() + timeout
     with guard.lock:
         core.clear()
+    ok = [False] * len(tiers)
     failed: list[str] = []
     try:
         try:
@@ -60,16 +61,17 @@ async def clear_everything(
                 f"cleared and none is read until a clear succeeds"
             ) from None
         for ti, tier in enumerate(tiers):
-            ok = False
             try:
                 async with asyncio.timeout_at(deadline):
                     await tier.clear()
-                ok = True
+                ok[ti] = True
             except Exception as exc:
                 failed.append(f"{tier.name!r} ({type(exc).__name__}: {exc})")
-            with guard.lock:
-                core.coherence.cleared(ti, ok=ok)
     finally:
+        # also when cancelled: a tier not cleared stays unread until a clear succeeds
+        with guard.lock:
+            for ti in range(len(tiers)):
+                core.coherence.cleared(ti, ok=ok[ti])
         writers.resume()
     if failed:
         raise TieringError(

@@ -190,3 +190,23 @@ async def test_two_clears_at_once_both_hold() -> None:
         await e.flush()
         assert await e.get("a") == block(3)
         assert inner.contains_hint(b"a") is True
+
+
+async def test_a_clear_that_cannot_pause_the_writers_leaves_every_tier_unread() -> None:
+    inner = await seeded(1)
+    tier = FaultyTier(inner).hang("write")
+    async with TieringEngine(PrimaryTier(1, 64), [tier], io_timeout=30.0) as e:
+        assert await e.put("a", block(1))
+        assert await e.put("b", block(2))  # evicts a: its write hangs
+        await eventually(lambda: tier.calls["write"] > 0, what="the write started")
+        with pytest.raises(TieringError, match=r"did not finish within 0\.1s"):
+            await e.clear(timeout=0.1)
+        assert await e.get("k0") is None and tier.calls["read"] == 0  # not read: not cleared
+        tier.heal()  # the hung write returns
+        await e.clear()
+        assert inner.contains_hint(b"k0") is False
+        assert inner.contains_hint(b"a") is False  # the write that hung landed, then went
+        assert await e.put("c", block(3))
+        assert await e.put("d", block(4))  # evicts c to the tier
+        await e.flush()
+        assert await e.get("c") == block(3)  # read from the tier again
