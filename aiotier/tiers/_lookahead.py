@@ -10,8 +10,9 @@ Rules (sans-IO: the tier does the requests, this only decides):
   kept at most ``ttl`` seconds (the read follows within the engine's promotion timeout).
 - A body is handed out once (:meth:`take` removes it).
 - A body never outlives a change of its object made through the same tier: a write or remove
-  of a name (:meth:`changed`) drops what is held for it, and a fetch that was in flight while
-  the name changed is not kept (:meth:`begin` returns a mark that :meth:`keep` checks).
+  of a name (:meth:`changed`), or a clear of them all, drops what is held for it, and a fetch
+  that was in flight meanwhile is not kept (:meth:`begin` returns a mark that :meth:`keep`
+  checks).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ class LookAhead:
     """Fetched bodies by object name, oldest first."""
 
     __slots__ = (
-        "_bodies", "_changed", "_clock", "_fetching", "_seq", "capacity_bytes", "held_bytes",
-        "ttl",
+        "_bodies", "_changed", "_clock", "_fetching", "_floor", "_seq", "capacity_bytes",
+        "held_bytes", "ttl",
     )  # fmt: skip
 
     def __init__(self, capacity_bytes: int, ttl: float, clock: Callable[[], float]) -> None:
@@ -41,6 +42,7 @@ class LookAhead:
         self._seq = 0  # counts changes; a fetch remembers the count when it began
         self._fetching = 0  # fetches begun and not ended
         self._changed: dict[str, int] = {}  # name -> count at its last change, while fetching
+        self._floor = 0  # fetches marked below this began before the last clear
 
     @property
     def enabled(self) -> bool:
@@ -70,7 +72,7 @@ class LookAhead:
     def keep(self, name: str, body: Any, etag: str, size: int, mark: int) -> bool:
         """Hold ``body`` for ``name`` unless the name changed since ``mark`` or the body alone
         exceeds the budget; the oldest bodies make room."""
-        if self._changed.get(name, -1) > mark or size > self.capacity_bytes:
+        if mark < self._floor or self._changed.get(name, -1) > mark or size > self.capacity_bytes:
             return False
         self._drop(name)
         while self._bodies and self.held_bytes + size > self.capacity_bytes:
@@ -99,8 +101,12 @@ class LookAhead:
         self._drop(name)
 
     def clear(self) -> None:
+        """Forget every body, and refuse those of fetches begun before now (every object may
+        be gone)."""
         self._bodies.clear()
         self.held_bytes = 0
+        self._seq += 1
+        self._floor = self._seq
 
     def _drop(self, name: str) -> None:
         entry = self._bodies.pop(name, None)

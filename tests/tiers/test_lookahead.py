@@ -87,3 +87,15 @@ def test_a_disabled_look_ahead_has_no_room(clock: Clock) -> None:
     la = LookAhead(0, ttl=5.0, clock=clock)
     assert not la.enabled
     assert la.room(1) == 0
+
+
+def test_a_clear_refuses_bodies_fetched_before_it(clock: Clock) -> None:
+    la = LookAhead(1000, ttl=5.0, clock=clock)
+    la.keep("a", b"A", "e", 10, la.begin())
+    la.end()
+    mark = la.begin()  # a fetch starts, then every object is deleted
+    la.clear()
+    assert la.take("a") is None
+    assert not la.keep("b", b"old", "e", 10, mark)
+    la.end()
+    assert la.keep("b", b"new", "e", 10, la.begin())
