@@ -167,7 +167,11 @@ class TieringEngine:
         )
         self._telemetry = Telemetry(
             meter_provider,
-            {"tier_usage": status.usage_by_tier, "tier_breaker_state": status.breaker_levels},
+            {
+                "tier_usage": status.usage_by_tier,
+                "tier_breaker_state": status.breaker_levels,
+                "tier_events": status.tier_events,
+            },
             health=self.health,
         )
 

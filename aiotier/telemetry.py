@@ -58,8 +58,8 @@ __all__ = [
     "start_prometheus_server",
 ]
 
-#: A gauge's values when metrics are collected: (tier name, value) pairs.
-GaugeSource = Callable[[], Iterable[tuple[str, int]]]
+#: An observed metric's values when metrics are collected: (label values, value) pairs.
+GaugeSource = Callable[[], Iterable[tuple[tuple[str, ...], int]]]
 #: An engine's ``health`` method.
 HealthSource = Callable[[], "Mapping[str, TierHealth]"]
 
@@ -102,7 +102,12 @@ class Telemetry:
                     explicit_bucket_boundaries_advisory=list(m.buckets or ()),
                 )
             else:
-                inst = meter.create_observable_gauge(
+                create = (
+                    meter.create_observable_gauge
+                    if m.kind is MetricKind.GAUGE
+                    else meter.create_observable_counter
+                )
+                inst = create(
                     m.otel_name, callbacks=[self._observer(m.key, gauges[m.key])], unit=m.unit,
                     description=m.description,
                 )
@@ -134,7 +139,7 @@ class Telemetry:
         self, key: str, source: GaugeSource
     ) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
-            return [Observation(value, self._labels((key, t))) for t, value in source()]
+            return [Observation(value, self._labels((key, *labels))) for labels, value in source()]
 
         return observe
 

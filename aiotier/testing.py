@@ -12,7 +12,7 @@ import asyncio
 import errno
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,6 +174,9 @@ class FaultyTier(SecondaryTier):
     @property
     def can_clear(self) -> bool:
         return self.inner.can_clear
+
+    def counters(self) -> Mapping[str, int]:
+        return self.inner.counters()
 
     async def clear(self) -> None:
         await self._before("clear")

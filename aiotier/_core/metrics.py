@@ -20,6 +20,8 @@ class MetricKind(enum.StrEnum):
     HISTOGRAM = "histogram"
     GAUGE = "gauge"
     """Read when metrics are collected, not buffered per step."""
+    OBSERVED_COUNTER = "observed_counter"
+    """A cumulative count read when metrics are collected (a tier's own counters)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,7 @@ ALLOCATION_SIZE_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
 PROMOTION_DURATION_BUCKETS = (1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
 
 _C, _H, _G = MetricKind.COUNTER, MetricKind.HISTOGRAM, MetricKind.GAUGE
+_OC = MetricKind.OBSERVED_COUNTER
 
 METRICS: tuple[MetricDef, ...] = (
     MetricDef("sync_delay", "aiotier.lookup_sync_delay", "aiotier_lookup_sync_delay_seconds",
@@ -92,6 +95,10 @@ METRICS: tuple[MetricDef, ...] = (
               _G, "1", ("tier",),
               "The engine's circuit breaker for each secondary tier: 0 closed, 1 half-open (a "
               "probe call is on its way), 2 open (calls are skipped)."),
+    MetricDef("tier_events", "aiotier.tier_events", "aiotier_tier_events_total", _OC, "1",
+              ("tier", "event"),
+              "What happened inside a tier that the engine cannot see, as the tier counts it "
+              "(SecondaryTier.counters(): requests, retries, ...), read when collected."),
 )  # fmt: skip
 
 _BY_KEY = {m.key: m for m in METRICS}

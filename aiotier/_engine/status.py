@@ -119,14 +119,26 @@ class EngineStatus:
                     self._core.stats.count("tier_errors", t.name, "usage")
         return out
 
-    def usage_by_tier(self) -> list[tuple[str, int]]:
+    def usage_by_tier(self) -> list[tuple[tuple[str, ...], int]]:
         """The ``aiotier_tier_usage_bytes`` gauge."""
-        return [(name, u.bytes_used) for name, u in self.usages()]
+        return [((name,), u.bytes_used) for name, u in self.usages()]
 
-    def breaker_levels(self) -> list[tuple[str, int]]:
+    def breaker_levels(self) -> list[tuple[tuple[str, ...], int]]:
         """The ``aiotier_tier_breaker_state`` gauge: 0 closed, 1 half-open, 2 open."""
         states = self._breakers.states()
-        return [(t.name, STATE_LEVEL[s]) for t, s in zip(self._tiers, states, strict=True)]
+        return [((t.name,), STATE_LEVEL[s]) for t, s in zip(self._tiers, states, strict=True)]
+
+    def tier_events(self) -> list[tuple[tuple[str, ...], int]]:
+        """``aiotier_tier_events_total``: each tier's own ``counters()`` (one that raises is
+        left out of this collection)."""
+        out: list[tuple[tuple[str, ...], int]] = []
+        for t in self._tiers:
+            try:
+                counts = dict(t.counters())
+            except Exception:
+                continue
+            out.extend(((t.name, str(event)), int(n)) for event, n in counts.items())
+        return out
 
     def health(self) -> dict[str, TierHealth]:
         is_open = self._is_open()

@@ -146,3 +146,6 @@ class GuardedTier:
     def errors(self) -> int:
         """Calls that failed for connectivity (timeouts, lost connections, open circuit)."""
         return self._guard.errors
+
+    def counters(self) -> dict[str, int]:
+        return {"connectivity_errors": self._guard.errors}

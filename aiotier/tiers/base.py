@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .._types import LookupResult
@@ -154,6 +154,13 @@ class SecondaryTier(ABC):
     @abstractmethod
     def usage(self) -> TierUsage:
         """Blocks and bytes held now (cheap, synchronous: it feeds a gauge)."""
+
+    def counters(self) -> Mapping[str, int]:
+        """Cumulative counts of what happens inside the tier that the engine cannot see
+        (requests retried, reads served from memory, ...), by event name: exported as
+        ``aiotier_tier_events_total{tier, event}`` when metrics are collected. Cheap and
+        synchronous; never decreasing. Optional (default: none)."""
+        return {}
 
     # -- batched forms -------------------------------------------------------------------------
 

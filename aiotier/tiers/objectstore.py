@@ -387,6 +387,18 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         """
         return TierUsage(len(self._written), self._bytes_written, None)
 
+    def counters(self) -> dict[str, int]:
+        """Requests sent (retries included), retries, reads that failed verification, writes
+        skipped (``immutable_keys``), reads served by the look-ahead, connectivity errors."""
+        return {
+            **super().counters(),
+            "requests": self.requests,
+            "retries": self.retries,
+            "corrupted": self.corrupted,
+            "skipped_writes": self.skipped_writes,
+            "lookahead_reads": self.lookahead_reads,
+        }
+
     def contains_hint(self, key: bytes) -> bool | None:
         """True for a key this tier wrote or read within ``recent_ttl`` seconds; otherwise it
         cannot tell (another engine may have written or removed it), so None, never False."""

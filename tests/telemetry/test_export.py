@@ -6,6 +6,7 @@ import asyncio
 import socket
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -24,8 +25,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class CountedMemoryTier(MemoryTier):
+    """A memory tier that counts the lookups it answers (as remote tiers count requests)."""
+
+    asked = 0
+
+    async def lookup_many(self, keys: Sequence[bytes]) -> list[LookupResult]:
+        self.asked += len(keys)
+        return await super().lookup_many(keys)
+
+    def counters(self) -> dict[str, int]:
+        return {"asked": self.asked}
+
+
 async def tiers() -> list[MemoryTier | FaultyTier]:
-    tier = MemoryTier(1 << 20)
+    tier = CountedMemoryTier(1 << 20)
     await tier.write(b"below", b"x")
     return [tier, FaultyTier(MemoryTier(1 << 20), name="broken").fail("lookup")]
 
@@ -75,6 +89,12 @@ async def test_prometheus_scrape_shows_the_spec_names() -> None:
         if s.name.endswith("_bucket")
     )
     assert buckets[:-1] == [1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1.0]
+    asked = [
+        s.value
+        for s in families["aiotier_tier_events"].samples
+        if s.labels.get("tier") == "memory" and s.labels.get("event") == "asked"
+    ]
+    assert asked == [2.0]  # "nowhere" and "below"
     hits = [
         s.value
         for s in families["aiotier_lookups"].samples

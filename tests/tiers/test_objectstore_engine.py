@@ -110,6 +110,9 @@ async def test_an_object_overwritten_through_the_plain_client_is_a_counted_miss(
         (object_tier,) = e.tiers
         assert isinstance(object_tier, ObjectStoreTier)
         assert object_tier.corrupted == 1
+        events = "aiotier_tier_events_total"
+        assert probe.value(events, tier="object", event="corrupted") == 1
+        assert probe.value(events, tier="object", event="requests") == object_tier.requests > 0
 
 
 @pytest.mark.parametrize(("lookahead_bytes", "requests"), [(64 << 20, 64), (0, 128)])
