@@ -627,7 +627,7 @@ async def test_password_in_url(redis_server_factory: RedisServerFactory) -> None
 # The ACL that docs/operations.md recommends: keys of one namespace, only the commands used.
 DOC_ACL = (
     "on >tier-pw ~fleet:* resetchannels -@all "
-    "+get +mget +set +exists +del +evalsha +script|load +ping +hello +auth"
+    "+get +mget +set +exists +del +scan +evalsha +script|load +ping +hello +auth"
 )
 
 
@@ -652,6 +652,8 @@ async def test_acl_user_with_only_the_needed_commands(
         assert await t.read_many_into([b"k", b"k2"], [buf(8), buf(8)]) == [1, 2]
         assert await t.remove(b"k") is True
         assert t._use_script, "the documented ACL allows the lookup script"
+        await t.clear()
+        assert await t.lookup(b"k2") is LookupResult.MISS
     finally:
         await t.aclose()
     other = RedisTier(f"redis://aiotier:tier-pw@127.0.0.1:{server.port}/0", namespace="x")
