@@ -28,6 +28,7 @@ from ._core.writeback import remove
 from ._engine.breakers import Breakers
 from ._engine.cache import CacheCalls
 from ._engine.clearing import check_clearable, clear_everything
+from ._engine.lifecycle import close_tiers, open_tiers
 from ._engine.options import WritePolicy, engine_options
 from ._engine.reads import TierReads
 from ._engine.status import EngineStats, EngineStatus, TierHealth
@@ -233,23 +234,7 @@ class TieringEngine:
             raise TieringError("this engine was closed; create a new one")
         if self._opened:
             return
-        opened: list[SecondaryTier] = []
-        try:
-            for t in self.tiers:
-                t.configure_block_size(self.primary.block_size)
-                try:
-                    async with asyncio.timeout(self.open_timeout):
-                        await t.open()
-                except TimeoutError:
-                    raise TieringError(
-                        f"tier {t.name!r} did not open within {self.open_timeout}s"
-                    ) from None
-                opened.append(t)
-        except BaseException:
-            for t in reversed(opened):
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(t.aclose(), self.io_timeout)
-            raise
+        await open_tiers(self.tiers, self.primary.block_size, self.open_timeout, self.io_timeout)
         self._opened = True
         self._guard.bind()
         self._fast = not self._core.sightings
@@ -296,12 +281,12 @@ class TieringEngine:
                     )
             await self._writers.drain(self.io_timeout * 2, discard=True)
             await self._writers.stop()
-            for t in reversed(self.tiers):
-                try:
-                    await asyncio.wait_for(t.aclose(), self.io_timeout)
-                except Exception:
-                    with lock:
-                        core.stats.count("tier_errors", t.name, "close")
+
+            def failed(t: SecondaryTier) -> None:
+                with lock:
+                    core.stats.count("tier_errors", t.name, "close")
+
+            await close_tiers(self.tiers, self.io_timeout, failed)
         self._flush_metrics()
         self._telemetry.detach()
 
@@ -538,8 +523,6 @@ class TieringEngine:
         ``clear`` succeeds.
         """
         self._check_open()
-        if not self._opened:
-            raise TieringError("clear(): the engine is not open")
         check_clearable(self.tiers)
         assert self._writers is not None
         await clear_everything(
