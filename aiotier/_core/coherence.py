@@ -173,6 +173,10 @@ class Coherence:
         if not self._clearing[ti] and ti not in self._failed:
             self._unread.discard(ti)
 
+    def readable_tier(self, ti: int) -> bool:
+        """Tier ``ti`` is not being cleared, and its last clear (if any) succeeded."""
+        return ti not in self._unread
+
     def unread_tiers(self) -> list[int]:
         """Tiers not read at all (being cleared, or their last clear failed)."""
         return sorted(self._unread)

@@ -201,7 +201,9 @@ class WriteQueues:
         if written:
             self._events.append(BlockEvent(tuple(written), name, False))
         if handed:
-            if self._cascade and ti + 1 < len(self._names):
+            # a tier being cleared (or whose clear failed) hands nothing down: its blocks are
+            # older than the clear
+            if self._cascade and ti + 1 < len(self._names) and coherence.readable_tier(ti):
                 for k, data in handed:
                     # deleted, replaced or possibly stale since written here: not handed down
                     if not coherence.removing(ti, k) and not coherence.is_stale(ti, k):

@@ -134,10 +134,10 @@ class EngineStatus:
         out: list[tuple[tuple[str, ...], int]] = []
         for t in self._tiers:
             try:
-                counts = dict(t.counters())
+                counts = [((t.name, str(event)), int(n)) for event, n in t.counters().items()]
             except Exception:
                 continue
-            out.extend(((t.name, str(event)), int(n)) for event, n in counts.items())
+            out.extend(counts)
         return out
 
     def health(self) -> dict[str, TierHealth]:

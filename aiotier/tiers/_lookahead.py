@@ -10,14 +10,15 @@ Rules (sans-IO: the tier does the requests, this only decides):
   kept at most ``ttl`` seconds (the read follows within the engine's promotion timeout).
 - A body is handed out once (:meth:`take` removes it).
 - A body never outlives a change of its object made through the same tier: a write or remove
-  of a name (:meth:`changed`), or a clear of them all, drops what is held for it, and a fetch
-  that was in flight meanwhile is not kept (:meth:`begin` returns a mark that :meth:`keep`
-  checks).
+  of a name (:meth:`changed`, called as the request starts and again once it has finished),
+  or a clear of them all, drops what is held for it, and a fetch that was in flight meanwhile
+  is not kept (:meth:`begin` returns a mark that :meth:`keep` checks). What is remembered of
+  changes is only what a fetch in flight could still need.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +29,7 @@ class LookAhead:
     """Fetched bodies by object name, oldest first."""
 
     __slots__ = (
-        "_bodies", "_changed", "_clock", "_fetching", "_floor", "_seq", "capacity_bytes",
+        "_active", "_bodies", "_changed", "_clock", "_floor", "_seq", "capacity_bytes",
         "held_bytes", "ttl",
     )  # fmt: skip
 
@@ -39,9 +40,11 @@ class LookAhead:
         # name -> (body, etag, size, expires at)
         self._bodies: OrderedDict[str, tuple[Any, str, int, float]] = OrderedDict()
         self.held_bytes = 0
-        self._seq = 0  # counts changes; a fetch remembers the count when it began
-        self._fetching = 0  # fetches begun and not ended
-        self._changed: dict[str, int] = {}  # name -> count at its last change, while fetching
+        self._seq = 0  # counts changes; a fetch remembers the count when it began (its mark)
+        self._active: Counter[int] = Counter()  # marks of the fetches in flight
+        # name -> count at its last change, oldest first; only changes after the oldest mark
+        # in flight are kept (older ones cannot refuse anything)
+        self._changed: OrderedDict[str, int] = OrderedDict()
         self._floor = 0  # fetches marked below this began before the last clear
 
     @property
@@ -50,6 +53,11 @@ class LookAhead:
 
     def __len__(self) -> int:
         return len(self._bodies)
+
+    @property
+    def remembered_changes(self) -> int:
+        """Changes remembered for the fetches in flight (none once no fetch is older)."""
+        return len(self._changed)
 
     def room(self, size: int) -> int:
         """How many more bodies of ``size`` bytes fit once expired bodies are dropped (the
@@ -60,14 +68,21 @@ class LookAhead:
         return max(0, (self.capacity_bytes - self.held_bytes) // size)
 
     def begin(self) -> int:
-        """A fetch starts: the mark to hand to :meth:`keep` (and :meth:`end` when it ends)."""
-        self._fetching += 1
-        return self._seq
+        """A fetch starts: the mark to hand to :meth:`keep` and, when it ends, :meth:`end`."""
+        mark = self._seq
+        self._active[mark] += 1
+        return mark
 
-    def end(self) -> None:
-        self._fetching -= 1
-        if self._fetching == 0:
-            self._changed.clear()
+    def end(self, mark: int) -> None:
+        active = self._active
+        active[mark] -= 1
+        if active[mark] > 0:
+            return
+        del active[mark]
+        oldest = min(active, default=self._seq)
+        changed = self._changed
+        while changed and next(iter(changed.values())) <= oldest:
+            changed.popitem(last=False)
 
     def keep(self, name: str, body: Any, etag: str, size: int, mark: int) -> bool:
         """Hold ``body`` for ``name`` unless the name changed since ``mark`` or the body alone
@@ -96,7 +111,8 @@ class LookAhead:
         """``name`` is being written or removed through this tier: forget its body, and refuse
         a body of it fetched before now."""
         self._seq += 1
-        if self._fetching:
+        if self._active:
+            self._changed.pop(name, None)
             self._changed[name] = self._seq
         self._drop(name)
 

@@ -5,6 +5,7 @@ until a clear succeeds; loads handed out, stores pending, promotions and writes 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import pytest
 from helpers import block, eventually, seeded
@@ -130,12 +131,34 @@ async def test_a_load_handed_out_keeps_its_bytes_and_a_pending_store_stays_invis
         assert e.stats().pinned_blocks == 0
 
 
+class CopiesThenWaits(MemoryTier):
+    """A tier whose reads copy the bytes at once and return only when released: the bytes are
+    in the arena slot before the clear, the read finishes after it."""
+
+    def __init__(self) -> None:
+        super().__init__(1 << 20)
+        self.copied = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def read_many_into(
+        self, keys: Sequence[bytes], bufs: Sequence[memoryview]
+    ) -> list[int | Exception]:
+        out = await super().read_many_into(keys, bufs)
+        self.copied.set()
+        await self.release.wait()
+        return out
+
+
 async def test_a_promotion_in_flight_at_a_clear_lands_nothing() -> None:
-    inner = await seeded(2)
-    tier = FaultyTier(inner).delay("read", 0.1)
+    tier = CopiesThenWaits()
+    await tier.write(b"k0", block(0))
     async with TieringEngine(PrimaryTier(4, 64), [tier]) as e:
-        assert await e.lookup("k0", R1) is RETRY  # the read is under way
-        await e.clear()
+        assert await e.lookup("k0", R1) is RETRY
+        await asyncio.wait_for(tier.copied.wait(), 5)  # the bytes are in the slot already
+        clearing = asyncio.create_task(e.clear())
+        await asyncio.sleep(0)  # the primary forgets the promotion ...
+        tier.release.set()  # ... before its read finishes
+        await clearing
         assert await e.wait(["k0"], timeout=5) == [MISS]
         assert await e.get("k0") is None
         await eventually(lambda: e.stats().promotions_in_flight == 0, what="the read stopped")
@@ -173,17 +196,24 @@ async def test_clear_needs_an_open_engine() -> None:
 
 async def test_two_clears_at_once_both_hold() -> None:
     inner = await seeded(2)
-    tier = FaultyTier(inner).delay("clear", 0.05)
+    tier = FaultyTier(inner).delay("clear", 0.1)
     async with TieringEngine(PrimaryTier(1, 64), [tier]) as e:
         first = asyncio.create_task(e.clear())
-        await asyncio.sleep(0)
+        await asyncio.sleep(0.05)
         assert await e.put("between", block(1))
         assert await e.put("x", block(2))  # evicts "between": queued, then dropped by ...
-        second = asyncio.create_task(e.clear())  # ... this clear
-        await asyncio.sleep(0)
-        await asyncio.gather(first, second)
+        second = asyncio.create_task(e.clear())  # ... this clear, which clears the tier again
+        await first
+        assert not second.done()
+        # the first clear is done, the second is not: the tier is still neither read nor
+        # written, and the primary's blocks stay in the primary
+        calls = dict(tier.calls)
+        assert await e.get("k1") is None
+        assert await e.put("y", block(3))  # evicts x: its write waits for the second clear
+        await asyncio.sleep(0.02)
+        assert dict(tier.calls) == calls
+        await second
         assert await e.get("k0") is None and await e.get("between") is None
-        assert await e.get("x") is None
         # both finished: the tier is read again
         assert await e.put("a", block(3))
         assert await e.put("b", block(4))  # evicts a to the tier
@@ -210,3 +240,22 @@ async def test_a_clear_that_cannot_pause_the_writers_leaves_every_tier_unread() 
         assert await e.put("d", block(4))  # evicts c to the tier
         await e.flush()
         assert await e.get("c") == block(3)  # read from the tier again
+
+
+async def test_a_write_in_flight_at_a_clear_hands_nothing_down() -> None:
+    """A demotion write to the first tier finishes during the clear and that tier evicts an old
+    block meanwhile: the old block is not handed to the tier below, nor served."""
+    t0 = FaultyTier(MemoryTier(128, name="m0"))
+    t1 = MemoryTier(1 << 20, name="m1")
+    async with TieringEngine(PrimaryTier(1, 64), [t0, t1]) as e:
+        for i in range(3):  # x0 and x1 go down to m0, which has room for two
+            assert await e.put(f"x{i}", block(i))
+        await e.flush()
+        t0.delay("write", 0.1)
+        writes = t0.calls["write"]
+        assert await e.put("x3", block(3))  # x2's write to m0 evicts x0 there: handed over
+        await eventually(lambda: t0.calls["write"] > writes, what="the slow write started")
+        await e.clear()
+        assert await e.get("x0") is None
+        await e.flush()
+        assert t1.usage().blocks == 0

@@ -375,6 +375,55 @@ async def test_a_body_fetched_across_a_write_of_its_key_is_not_kept(s3: S3Endpoi
         await reader.aclose()
 
 
+class HeldMutations:
+    """The real client, but a PUT or DELETE reaches the server only when released."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def _held(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        self.started.set()
+        await self.release.wait()
+        return await call()
+
+    async def put(self, name: str, frame: bytes) -> Any:
+        return await self._held(lambda: self.inner.put(name, frame))
+
+    async def delete(self, names: list[str]) -> Any:
+        return await self._held(lambda: self.inner.delete(names))
+
+
+@pytest.mark.parametrize("change", ["write", "remove"])
+async def test_a_lookup_during_a_write_or_remove_does_not_keep_the_old_body(
+    s3: S3Endpoint, change: str
+) -> None:
+    await written(s3, [(b"k", b"old" * 100)])
+    t = tier_on(s3)
+    held = HeldMutations(t.client)
+    t.client = held  # type: ignore[assignment]
+    await t.open()
+    try:
+        mutation = asyncio.create_task(
+            t.write(b"k", b"new" * 100) if change == "write" else t.remove(b"k")
+        )
+        await asyncio.wait_for(held.started.wait(), 10)  # the request is under way ...
+        assert await t.lookup(b"k") is HIT  # ... and this GET finds the old object
+        held.release.set()
+        await mutation
+        b = buf()
+        n = await t.read_into(b"k", b)
+        expected = (300, b"new" * 100) if change == "write" else (-1, b"")
+        assert (n, bytes(b[: max(n, 0)])) == expected
+        assert t.lookahead_reads == 0
+    finally:
+        await t.aclose()
+
+
 async def test_clear_deletes_every_block_under_the_prefix_and_nothing_else(
     s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -749,48 +749,80 @@ async def test_clear_deletes_the_namespaces_blocks_and_nothing_else(
         await other.aclose()
 
 
-@pytest.fixture
-def cluster_server(redis_server_factory: RedisServerFactory, tmp_path: Any) -> RedisServer:
-    """A one-node Redis Cluster owning every slot (multi-key commands still need one slot)."""
+def cluster_command(port: int, *args: str) -> bytes:
+    """One command to a cluster node over a plain socket (before any client can connect)."""
     import socket
 
+    payload = f"*{len(args)}\r\n".encode() + b"".join(
+        f"${len(a)}\r\n{a}\r\n".encode() for a in args
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(payload)
+        return s.recv(65536)
+
+
+def cluster_node(factory: RedisServerFactory, tmp_path: Any) -> tuple[RedisServer, int]:
+    """A cluster-enabled server with no slots yet, and its bus port."""
     from redis_fixtures import free_port
 
     port, bus = free_port(), free_port()
     while port > 55535:  # redis refuses cluster ports whose default bus port would overflow
         port = free_port()
-    server = redis_server_factory(
+    server = factory(
         port,
         "--cluster-enabled", "yes",
         "--cluster-port", str(bus),
         "--cluster-config-file", str(tmp_path / f"nodes-{port}.conf"),
     )  # fmt: skip
+    return server, bus
 
-    def command(*args: str) -> bytes:
-        payload = f"*{len(args)}\r\n".encode() + b"".join(
-            f"${len(a)}\r\n{a}\r\n".encode() for a in args
-        )
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-            s.sendall(payload)
-            return s.recv(65536)
 
-    assert command("CLUSTER", "ADDSLOTSRANGE", "0", "16383").startswith(b"+OK")
+def until_cluster_ok(*ports: int) -> None:
     deadline = time.monotonic() + 10
-    while b"cluster_state:ok" not in command("CLUSTER", "INFO"):
-        if time.monotonic() > deadline:
-            pytest.fail("one-node cluster never reached cluster_state:ok")
-        time.sleep(0.05)
+    for port in ports:
+        while b"cluster_state:ok" not in cluster_command(port, "CLUSTER", "INFO"):
+            if time.monotonic() > deadline:
+                pytest.fail(f"cluster node on port {port} never reached cluster_state:ok")
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def cluster_server(redis_server_factory: RedisServerFactory, tmp_path: Any) -> RedisServer:
+    """A one-node Redis Cluster owning every slot (multi-key commands still need one slot)."""
+    server, _ = cluster_node(redis_server_factory, tmp_path)
+    assert cluster_command(server.port, "CLUSTER", "ADDSLOTSRANGE", "0", "16383").startswith(b"+OK")
+    until_cluster_ok(server.port)
     return server
 
 
-async def test_cluster_mode_clear_scans_every_slot(cluster_server: RedisServer) -> None:
-    t = RedisTier(cluster_server.url.removesuffix("/0"), cluster=True, ttl=60)
+@pytest.fixture
+def two_node_cluster(
+    redis_server_factory: RedisServerFactory, tmp_path: Any
+) -> tuple[RedisServer, RedisServer]:
+    """Two primaries, half of the slots each."""
+    (a, _), (b, bus_b) = (cluster_node(redis_server_factory, tmp_path) for _ in range(2))
+    assert cluster_command(a.port, "CLUSTER", "ADDSLOTSRANGE", "0", "8191").startswith(b"+OK")
+    assert cluster_command(b.port, "CLUSTER", "ADDSLOTSRANGE", "8192", "16383").startswith(b"+OK")
+    meet = cluster_command(a.port, "CLUSTER", "MEET", "127.0.0.1", str(b.port), str(bus_b))
+    assert meet.startswith(b"+OK"), meet
+    until_cluster_ok(a.port, b.port)
+    return a, b
+
+
+async def test_cluster_mode_clear_scans_every_primary(
+    two_node_cluster: tuple[RedisServer, RedisServer],
+) -> None:
+    a, b = two_node_cluster
+    t = RedisTier(a.url.removesuffix("/0"), cluster=True, ttl=60)
     await t.open()
     try:
         keys = [f"cluster-clear-{i}".encode() for i in range(100)]
         assert await t.write_many([(k, k) for k in keys]) == [None] * 100
+        sizes = [int(cluster_command(n.port, "DBSIZE")[1:].split()[0]) for n in (a, b)]
+        assert all(sizes) and sum(sizes) == 100, sizes  # blocks on both primaries
         await t.clear()
         assert await t.lookup_many(keys) == [LookupResult.MISS] * 100
+        assert [cluster_command(n.port, "DBSIZE") for n in (a, b)] == [b":0\r\n"] * 2
     finally:
         await t.aclose()
 
