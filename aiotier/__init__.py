@@ -32,6 +32,7 @@ from .errors import (
     TieringError,
     TierUnavailableError,
 )
+from .shared_arena import SharedArena
 from .tiers.base import SecondaryTier, TierUsage
 from .tiers.memory import MemoryTier
 from .tiers.objectstore import ObjectStoreTier  # obstore is imported only when one is created
@@ -61,6 +62,7 @@ __all__ = [
     "RequestContext",
     "SSDTier",
     "SecondaryTier",
+    "SharedArena",
     "StoreSpec",
     "TierHealth",
     "TierUnavailableError",

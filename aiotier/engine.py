@@ -289,6 +289,8 @@ class TieringEngine:
             await close_tiers(self.tiers, self.io_timeout, failed)
         self._flush_metrics()
         self._telemetry.detach()
+        if self.primary.shared_memory_name is not None:  # system calls: off the loop
+            await asyncio.to_thread(self.primary.release_shared_memory)
 
     def _check_open(self) -> None:
         if self._core.closed:

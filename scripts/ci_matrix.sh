@@ -26,7 +26,7 @@ read -r -a PYTHONS <<<"${CI_MATRIX_PYTHONS:-3.11 3.12 3.13}"
 LOOPS=(asyncio uvloop)
 FULL_CELLS=${CI_MATRIX_FULL:-"3.11/uvloop"}
 SUBSET=(tests/engine tests/tiers tests/integration tests/integrations tests/property
-        tests/test_blocking.py tests/test_event_loop.py)
+        tests/test_blocking.py tests/test_event_loop.py tests/test_shared_arena.py)
 
 is_version() {  # whether the interpreter $1 runs and is CPython $2
     [ "$("$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" = "$2" ]
@@ -88,7 +88,7 @@ for v in "${PYTHONS[@]}"; do
         if [ "$FULL_CELLS" = all ] || [[ " $FULL_CELLS " == *" $cell "* ]]; then
             what=(tests); scope="whole suite"
         else
-            what=("${SUBSET[@]}"); scope="engine, tier, integration, property, blocking tests"
+            what=("${SUBSET[@]}"); scope="engine, tier, integration, property, blocking, shared-arena tests"
         fi
         echo "== ci_matrix: $cell: $scope"
         t0=$SECONDS

@@ -6,11 +6,21 @@ from array import array
 
 from ..errors import ConfigError
 
-__all__ = ["Arena"]
+__all__ = ["Arena", "check_geometry"]
+
+
+def check_geometry(num_blocks: object, block_size: object) -> None:
+    """``TypeError``/``ConfigError`` unless both are positive ints."""
+    for field, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{field} must be an int, got {type(value).__name__}")
+        if value <= 0:
+            raise ConfigError(f"{field} must be > 0, got {value}")
 
 
 class Arena:
-    """``num_blocks`` slots of ``block_size`` bytes in a single ``bytearray``.
+    """``num_blocks`` slots of ``block_size`` bytes in one buffer: a ``bytearray`` of its own,
+    or ``buffer`` (writable, at least ``num_blocks * block_size`` bytes: shared memory).
 
     Views are zero-copy ``memoryview`` slices, so tiers read straight into a slot and loaders
     read straight out of it.
@@ -18,21 +28,30 @@ class Arena:
 
     __slots__ = ("_buf", "_view", "block_size", "lengths", "num_blocks")
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        for field, value in (("num_blocks", num_blocks), ("block_size", block_size)):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"{field} must be an int, got {type(value).__name__}")
-            if value <= 0:
-                raise ConfigError(f"{field} must be > 0, got {value}")
+    def __init__(
+        self, num_blocks: int, block_size: int, *, buffer: memoryview | None = None
+    ) -> None:
+        check_geometry(num_blocks, block_size)
         self.num_blocks = num_blocks
         self.block_size = block_size
-        try:
-            self._buf = bytearray(num_blocks * block_size)
-        except MemoryError as exc:
-            raise ConfigError(
-                f"cannot allocate a {num_blocks} x {block_size}-byte primary arena"
-            ) from exc
-        self._view = memoryview(self._buf)
+        nbytes = num_blocks * block_size
+        if buffer is not None:
+            if buffer.readonly or buffer.nbytes < nbytes:
+                raise ConfigError(
+                    f"an arena of {num_blocks} x {block_size} bytes needs a writable buffer of "
+                    f"at least {nbytes} bytes, got {buffer.nbytes} "
+                    f"({'read-only' if buffer.readonly else 'writable'})"
+                )
+            self._buf: bytearray | memoryview = buffer
+            self._view = buffer.cast("B")[:nbytes]
+        else:
+            try:
+                self._buf = bytearray(nbytes)
+            except MemoryError as exc:
+                raise ConfigError(
+                    f"cannot allocate a {num_blocks} x {block_size}-byte primary arena"
+                ) from exc
+            self._view = memoryview(self._buf)
         self.lengths = array("Q", bytes(8 * num_blocks))
 
     @property

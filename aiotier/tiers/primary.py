@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from .._core.arena import Arena
+import contextlib
+from typing import Any
+
+from .._core.arena import Arena, check_geometry
 from .._core.policy import make_policy
 from .._core.table import BlockTable
 from ..errors import ConfigError
@@ -15,13 +18,31 @@ class PrimaryTier:
     """The small fast tier: ``num_blocks`` slots of ``block_size`` bytes, evicted by ``policy``.
 
     It is plain synchronous state; the engine drives it. A block holds up to ``block_size`` bytes
-    and remembers its length.
+    and remembers its length. With ``shared_memory=True`` the slots live in a POSIX
+    shared-memory segment (:attr:`shared_memory_name`) that worker processes map with
+    :class:`~aiotier.SharedArena`; the engine removes its name when it closes. Creating one
+    makes system calls (and may start Python's resource tracker process): do it before the
+    event loop runs, or in a thread (``await asyncio.to_thread(PrimaryTier, ...)``).
     """
 
-    def __init__(self, num_blocks: int, block_size: int, *, policy: str = "lru") -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, *, policy: str = "lru", shared_memory: bool = False
+    ) -> None:
         if not isinstance(policy, str):
             raise ConfigError(f"policy must be 'lru' or 'arc', got {policy!r}")
-        self.arena = Arena(num_blocks, block_size)
+        check_geometry(num_blocks, block_size)
+        self._segment: Any = None
+        self._unlinked = False
+        if shared_memory:
+            from ..shared_arena import create_segment
+
+            self._segment = create_segment(num_blocks * block_size)
+        try:
+            buffer = None if self._segment is None else self._segment.buf
+            self.arena = Arena(num_blocks, block_size, buffer=buffer)
+        except BaseException:
+            self.release_shared_memory()
+            raise
         self.policy_name = policy
         self.table = BlockTable(num_blocks, make_policy(policy, num_blocks))
         self.name = "primary"
@@ -39,6 +60,20 @@ class PrimaryTier:
             f"<PrimaryTier num_blocks={self.num_blocks} block_size={self.block_size} "
             f"policy={self.policy_name!r}>"
         )
+
+    @property
+    def shared_memory_name(self) -> str | None:
+        """The shared-memory segment holding the slots (``shared_memory=True``), else None."""
+        return None if self._segment is None else str(self._segment.name)
+
+    def release_shared_memory(self) -> None:
+        """Remove the segment's name (once; later calls do nothing): no process can attach any
+        more, those attached keep their mapping. The engine calls this when it closes."""
+        # the segment object stays referenced: the arena's views of it live as long as we do
+        if self._segment is not None and not self._unlinked:
+            self._unlinked = True
+            with contextlib.suppress(FileNotFoundError):
+                self._segment.unlink()
 
     def usage(self) -> TierUsage:
         lengths = self.arena.lengths

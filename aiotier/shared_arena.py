@@ -1,0 +1,138 @@
+"""The primary arena in shared memory, for worker processes that move blocks in and out of it.
+
+A scheduler process owns the engine; with ``PrimaryTier(..., shared_memory=True)`` its arena
+is a POSIX shared-memory segment (``/dev/shm`` on Linux) named by
+``PrimaryTier.shared_memory_name``. Another process (a vLLM tensor-parallel worker) maps the same
+segment with :class:`SharedArena` and reaches a slot by its id, the ``block_ids`` of the load
+and store specs: it writes the slots of a ``prepare_store`` before ``complete_store`` and reads
+the slots of a ``prepare_load`` before ``complete_load``, exactly as a caller in the scheduler's
+process does through the specs' buffers. The engine's bookkeeping (which key is in which slot,
+pins, lengths) stays in the scheduler's process.
+
+The segment's name is removed when the engine closes (or, failing that, when the scheduler's
+process exits); processes still attached keep their mapping until they close it. Attaching
+does not make a worker responsible for the segment: its exit never removes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from multiprocessing import shared_memory
+from types import TracebackType
+
+from .errors import ConfigError
+
+__all__ = ["SharedArena"]
+
+
+#: Segments created by this process (attaching to one of them must not untrack it).
+_CREATED: set[str] = set()
+
+
+class _Segment(shared_memory.SharedMemory):
+    """A segment whose views may outlive this object (the arena's slices, a spec's buffers):
+    the mapping then goes with the last view, and finalising this object stays quiet."""
+
+    def __del__(self) -> None:
+        with contextlib.suppress(BufferError, OSError):
+            self.close()
+
+
+def _drop_fd(shm: shared_memory.SharedMemory) -> None:
+    # the mapping holds its own reference to the memory: the descriptor is not needed
+    fd = getattr(shm, "_fd", -1)
+    if fd >= 0:
+        os.close(fd)
+        shm._fd = -1  # type: ignore[attr-defined]
+
+
+def create_segment(nbytes: int) -> shared_memory.SharedMemory:
+    """A new segment of ``nbytes`` (zeroed), or a :class:`ConfigError` naming the size. This
+    process's resource tracker removes it if the process exits without doing so."""
+    try:
+        shm = _Segment(create=True, size=nbytes)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot create a {nbytes}-byte shared-memory arena ({exc}); on Linux it lives in "
+            f"/dev/shm, whose size limits it (containers often mount 64 MiB: raise --shm-size)"
+        ) from exc
+    _drop_fd(shm)
+    _CREATED.add(shm.name)
+    return shm
+
+
+def _attach(name: str) -> shared_memory.SharedMemory:
+    """Map an existing segment without handing it to this process's resource tracker (which
+    would remove it when this process exits, under the scheduler's feet)."""
+    if sys.version_info >= (3, 13):
+        shm: shared_memory.SharedMemory = _Segment(name=name, track=False)
+    else:
+        from multiprocessing import resource_tracker
+
+        shm = _Segment(name=name)
+        if name not in _CREATED:
+            resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+    _drop_fd(shm)
+    return shm
+
+
+class SharedArena:
+    """A worker's view of a scheduler's shared-memory arena: ``slot(i)`` is the writable
+    ``block_size``-byte view of slot ``i``.
+
+    ``name``, ``num_blocks`` and ``block_size`` come from the scheduler's ``PrimaryTier``
+    (``shared_memory_name``, ``num_blocks``, ``block_size``). Raises ``FileNotFoundError`` when
+    no such segment exists (the engine closed) and :class:`~aiotier.errors.ConfigError` when it
+    is smaller than ``num_blocks * block_size``. Use it as a context manager, or :meth:`close`
+    it once every view it gave is released.
+    """
+
+    def __init__(self, name: str, num_blocks: int, block_size: int) -> None:
+        for field, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{field} must be an int > 0, got {value!r}")
+        self._shm = _attach(name)
+        self.name = name
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        nbytes = num_blocks * block_size
+        if self._shm.size < nbytes:
+            size = self._shm.size
+            self._shm.close()
+            raise ConfigError(
+                f"shared arena {name!r} holds {size} bytes, fewer than {num_blocks} x "
+                f"{block_size}"
+            )
+        buf = self._shm.buf
+        assert buf is not None
+        self._view: memoryview | None = buf[:nbytes]
+
+    def slot(self, slot_id: int) -> memoryview:
+        """The whole slot ``slot_id`` (``block_size`` bytes), writable."""
+        if self._view is None:
+            raise ValueError(f"shared arena {self.name!r} is closed")
+        if not isinstance(slot_id, int) or not 0 <= slot_id < self.num_blocks:
+            raise ValueError(f"slot {slot_id!r} is not in 0..{self.num_blocks - 1}")
+        off = slot_id * self.block_size
+        return self._view[off : off + self.block_size]
+
+    def close(self) -> None:
+        """Unmap the segment (it stays for the scheduler). Views given out must be released
+        first, else ``BufferError``."""
+        if self._view is not None:
+            self._view.release()
+            self._view = None
+        self._shm.close()
+
+    def __enter__(self) -> SharedArena:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

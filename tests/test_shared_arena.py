@@ -1,0 +1,96 @@
+"""The primary arena in shared memory: another process reads the slots of a ``prepare_load`` and
+writes those of a ``prepare_store`` by slot id, its exit leaves the segment alone, and the
+engine's close removes it."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from aiotier import ConfigError, MemoryTier, PrimaryTier, RequestContext, SharedArena, TieringEngine
+
+BLOCK = 4096
+R1 = RequestContext("r1")
+
+
+def worker(script: str) -> str:
+    """Run ``script`` in a fresh Python process (as a vLLM worker would be); its stdout."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "leaked" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    return proc.stdout.strip()
+
+
+async def test_a_worker_process_loads_and_stores_through_slot_ids() -> None:
+    # creating a segment makes system calls (and may start the resource tracker): not on a loop
+    primary = await asyncio.to_thread(PrimaryTier, 8, BLOCK, shared_memory=True)
+    name = primary.shared_memory_name
+    assert name is not None
+    async with TieringEngine(primary, [MemoryTier(1 << 20)]) as e:
+        assert await e.put("cached", b"C" * BLOCK)
+        load = e.prepare_load(["cached"], R1)
+        store = e.prepare_store(["computed"], R1)
+        assert store is not None
+        (load_slot,), (store_slot,) = load.block_ids, store.store_spec.block_ids
+        out = await asyncio.to_thread(
+            worker,
+            f"""
+            from aiotier import SharedArena
+            with SharedArena({name!r}, 8, {BLOCK}) as arena:
+                loaded = bytes(arena.slot({load_slot}))
+                view = arena.slot({store_slot})
+                view[:] = b"W" * {BLOCK}
+                view.release()
+            print(loaded == b"C" * {BLOCK})
+            """,
+        )
+        assert out == "True"
+        e.complete_load(["cached"], R1)
+        e.complete_store(["computed"], R1, sizes=[BLOCK])
+        assert await e.get("computed") == b"W" * BLOCK
+        # the worker's exit did not remove the segment: another one attaches
+        out = await asyncio.to_thread(
+            worker,
+            f"""
+            from aiotier import SharedArena
+            arena = SharedArena({name!r}, 8, {BLOCK})
+            print(bytes(arena.slot({store_slot})[:4]))
+            arena.close()
+            """,
+        )
+        assert out == "b'WWWW'"
+    with pytest.raises(FileNotFoundError):
+        await asyncio.to_thread(SharedArena, name, 8, BLOCK)  # the engine's close removed it
+
+
+def test_a_shared_arena_checks_what_it_is_given() -> None:
+    primary = PrimaryTier(2, 64, shared_memory=True)
+    name = primary.shared_memory_name
+    assert name is not None
+    try:
+        with pytest.raises(ConfigError, match="fewer than 4 x 64"):
+            SharedArena(name, 4, 64)
+        with SharedArena(name, 2, 64) as arena:
+            with pytest.raises(ValueError, match=r"slot 2 is not in 0\.\.1"):
+                arena.slot(2)
+            view = arena.slot(1)
+            view[:3] = b"abc"
+            assert bytes(primary.arena.slot_view(1)[:3]) == b"abc"  # the same memory
+            view.release()
+        with pytest.raises(ValueError, match="closed"):
+            arena.slot(0)
+    finally:
+        primary.release_shared_memory()
+        primary.release_shared_memory()  # once is enough; again does nothing
+
+
+def test_a_private_arena_has_no_shared_memory() -> None:
+    primary = PrimaryTier(2, 64)
+    assert primary.shared_memory_name is None
+    primary.release_shared_memory()  # nothing to do
