@@ -337,33 +337,38 @@ async def test_a_write_through_the_tier_after_a_lookup_is_what_the_read_returns(
         await reader.aclose()
 
 
+class HeldClient:
+    """The real client, but requests of one kind (``held``: get, put or delete) wait for
+    ``release``: before they reach the server, or with ``answered=True`` after the answer."""
+
+    def __init__(self, inner: Any, held: str, *, answered: bool = False) -> None:
+        self.inner, self.held, self.answered = inner, held, answered
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        request = getattr(self.inner, name)
+        if name != self.held:
+            return request
+
+        async def held(*args: Any) -> Any:
+            got = await request(*args) if self.answered else None
+            self.reached.set()
+            await self.release.wait()
+            return got if self.answered else await request(*args)
+
+        return held
+
+
 async def test_a_body_fetched_across_a_write_of_its_key_is_not_kept(s3: S3Endpoint) -> None:
     await written(s3, [(b"k", b"old" * 100)])
     reader = tier_on(s3)
-
-    class SlowGets:
-        """The real client, but a GET hands its body back only when released."""
-
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
-            self.fetched = asyncio.Event()
-            self.release = asyncio.Event()
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.inner, name)
-
-        async def get(self, name: str) -> Any:
-            got = await self.inner.get(name)
-            self.fetched.set()
-            await self.release.wait()
-            return got
-
-    slow = SlowGets(reader.client)
+    slow = HeldClient(reader.client, "get", answered=True)
     reader.client = slow  # type: ignore[assignment]
     await reader.open()
     try:
         lookup = asyncio.create_task(reader.lookup(b"k"))
-        await asyncio.wait_for(slow.fetched.wait(), 10)  # the GET has the old bytes ...
+        await asyncio.wait_for(slow.reached.wait(), 10)  # the GET has the old bytes ...
         await reader.write(b"k", b"new" * 100)  # ... when the tier writes new ones
         slow.release.set()
         assert await lookup is HIT
@@ -375,43 +380,20 @@ async def test_a_body_fetched_across_a_write_of_its_key_is_not_kept(s3: S3Endpoi
         await reader.aclose()
 
 
-class HeldMutations:
-    """The real client, but a PUT or DELETE reaches the server only when released."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.started = asyncio.Event()
-        self.release = asyncio.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def _held(self, call: Callable[[], Awaitable[Any]]) -> Any:
-        self.started.set()
-        await self.release.wait()
-        return await call()
-
-    async def put(self, name: str, frame: bytes) -> Any:
-        return await self._held(lambda: self.inner.put(name, frame))
-
-    async def delete(self, names: list[str]) -> Any:
-        return await self._held(lambda: self.inner.delete(names))
-
-
 @pytest.mark.parametrize("change", ["write", "remove"])
 async def test_a_lookup_during_a_write_or_remove_does_not_keep_the_old_body(
     s3: S3Endpoint, change: str
 ) -> None:
     await written(s3, [(b"k", b"old" * 100)])
     t = tier_on(s3)
-    held = HeldMutations(t.client)
+    held = HeldClient(t.client, "put" if change == "write" else "delete")
     t.client = held  # type: ignore[assignment]
     await t.open()
     try:
         mutation = asyncio.create_task(
             t.write(b"k", b"new" * 100) if change == "write" else t.remove(b"k")
         )
-        await asyncio.wait_for(held.started.wait(), 10)  # the request is under way ...
+        await asyncio.wait_for(held.reached.wait(), 10)  # the request is under way ...
         assert await t.lookup(b"k") is HIT  # ... and this GET finds the old object
         held.release.set()
         await mutation
