@@ -5,7 +5,8 @@ Order matters, so that no block written before the call is served after it:
 1. the core forgets the primary's blocks and every queued write and remove, and reads no tier
    (one synchronous transition, under the engine's lock);
 2. the writers finish the batch they are applying and start no new one, so nothing old lands in
-   a tier after its clear (what callers store meanwhile is queued, and written afterwards);
+   a tier after its clear (what callers store meanwhile is queued, and written afterwards; a
+   tier being cleared hands none of the blocks it evicts to the tier below);
 3. each tier clears; one that succeeds is read again, one that fails stays unread;
 4. the writers resume.
 """
