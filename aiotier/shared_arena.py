@@ -19,16 +19,13 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 from multiprocessing import shared_memory
 from types import TracebackType
 
 from .errors import ConfigError
 
 __all__ = ["SharedArena"]
-
-
-#: Segments created by this process (attaching to one of them must not untrack it).
-_CREATED: set[str] = set()
 
 
 class _Segment(shared_memory.SharedMemory):
@@ -59,21 +56,30 @@ def create_segment(nbytes: int) -> shared_memory.SharedMemory:
             f"/dev/shm, whose size limits it (containers often mount 64 MiB: raise --shm-size)"
         ) from exc
     _drop_fd(shm)
-    _CREATED.add(shm.name)
     return shm
 
 
+_UNTRACKED = threading.Lock()
+
+
 def _attach(name: str) -> shared_memory.SharedMemory:
-    """Map an existing segment without handing it to this process's resource tracker (which
-    would remove it when this process exits, under the scheduler's feet)."""
+    """Map an existing segment without registering it with a resource tracker: the tracker
+    would remove it when this process exits, under the scheduler's feet (and a worker started
+    by ``multiprocessing`` shares its parent's tracker, so undoing a registration there would
+    undo the scheduler's own). Python 3.13 says so with ``track=False``; before, registration
+    is skipped for the duration of the attach."""
     if sys.version_info >= (3, 13):
         shm: shared_memory.SharedMemory = _Segment(name=name, track=False)
     else:
         from multiprocessing import resource_tracker
 
-        shm = _Segment(name=name)
-        if name not in _CREATED:
-            resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+        with _UNTRACKED:
+            register = resource_tracker.register
+            resource_tracker.register = lambda *_args: None
+            try:
+                shm = _Segment(name=name)
+            finally:
+                resource_tracker.register = register
     _drop_fd(shm)
     return shm
 

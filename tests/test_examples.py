@@ -46,6 +46,22 @@ def test_vllm_offloading_spec() -> None:
     assert "every loaded block verified; pinned blocks at the end: 0" in out.stdout
 
 
+def test_shared_arena_workers() -> None:
+    """Worker processes store and load through the shared arena; the segment is gone after,
+    and no resource tracker complains (a worker's attach must not touch the parent's)."""
+    shm = Path("/dev/shm")
+    before = set(shm.iterdir()) if shm.is_dir() else set()
+    out = run("examples/shared_arena_workers.py")
+    assert out.returncode == 0, out.stderr
+    assert "worker 1 stored 3 blocks" in out.stdout
+    assert "worker 2 loaded 3 blocks: ok, ok, ok" in out.stdout
+    assert "pinned blocks at the end: 0" in out.stdout
+    assert "workers exited with [0, 0]" in out.stdout
+    assert "Traceback" not in out.stderr and "leaked" not in out.stderr, out.stderr
+    if shm.is_dir():
+        assert set(shm.iterdir()) <= before
+
+
 def test_otlp_export_reaches_a_collector(otlp_sink: tuple[str, list[bytes]]) -> None:
     url, received = otlp_sink
     out = run("examples/otlp_export.py", url)
