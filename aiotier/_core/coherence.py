@@ -43,7 +43,6 @@ class Coherence:
         "_removing",
         "_stale",
         "_stats",
-        "_unread",
         "_writing",
         "backoff_seconds",
         "demoting",
@@ -67,9 +66,9 @@ class Coherence:
         self._removing: list[Counter[bytes]] = [Counter() for _ in range(n)]
         self._stale: list[set[bytes]] = [set() for _ in range(n)]
         self._backoff: dict[tuple[int, bytes], float] = {}  # (tier, key) -> until
+        # a tier with a clear under way, or whose last clear failed, is not read at all
         self._clearing: Counter[int] = Counter()  # tier -> clears under way
         self._failed: set[int] = set()  # tiers whose last clear failed
-        self._unread: set[int] = set()  # either of the two: read nothing there
         #: key -> its newest bytes, copied out of the primary and on their way down
         self.demoting: dict[bytes, bytes] = {}
 
@@ -77,7 +76,7 @@ class Coherence:
 
     def may_read(self, ti: int, k: bytes) -> bool:
         """Whether tier ``ti`` may serve ``k`` now."""
-        if k in self._removing[ti] or k in self._stale[ti] or ti in self._unread:
+        if k in self._removing[ti] or k in self._stale[ti] or not self.readable_tier(ti):
             return False
         until = self._backoff.get((ti, k))
         if until is None:
@@ -89,7 +88,9 @@ class Coherence:
 
     def all_readable(self, ti: int) -> bool:
         """True when no key can be unreadable in tier ``ti`` (one check per batch, not per key)."""
-        return not (self._removing[ti] or self._stale[ti] or self._backoff or self._unread)
+        return not (
+            self._removing[ti] or self._stale[ti] or self._backoff or self._clearing or self._failed
+        )
 
     def holds(self, ti: int, k: bytes) -> bool | None:
         """Whether tier ``ti`` holds the newest bytes of ``k``, as far as known without I/O.
@@ -97,7 +98,7 @@ class Coherence:
         None when it cannot tell (a remote tier) or its copy may be stale. A hint that raises
         is counted as a tier error and means "cannot tell".
         """
-        if k in self._stale[ti] or ti in self._unread:
+        if k in self._stale[ti] or not self.readable_tier(ti):
             return None
         try:
             return self._hints[ti](k)
@@ -118,7 +119,7 @@ class Coherence:
         remove of it is queued, it is not stale, and the tier does not say it lost it."""
         removing, stale, hint = self._removing[ti], self._stale[ti], self._hints[ti]
         out: set[bytes] = set()
-        if ti in self._unread:
+        if not self.readable_tier(ti):
             return out
         for k in keys:
             if k in removing or k in stale:
@@ -156,7 +157,6 @@ class Coherence:
         """Tier ``ti`` is about to drop every block: read nothing from it until it has (and
         until every other clear under way has too)."""
         self._clearing[ti] += 1
-        self._unread.add(ti)
 
     def cleared(self, ti: int, *, ok: bool) -> None:
         """A clear of tier ``ti`` finished: empty, every stale key and back-off there is moot.
@@ -170,16 +170,14 @@ class Coherence:
                 del self._backoff[key]
         else:
             self._failed.add(ti)
-        if not self._clearing[ti] and ti not in self._failed:
-            self._unread.discard(ti)
 
     def readable_tier(self, ti: int) -> bool:
         """Tier ``ti`` is not being cleared, and its last clear (if any) succeeded."""
-        return ti not in self._unread
+        return ti not in self._clearing and ti not in self._failed
 
     def unread_tiers(self) -> list[int]:
         """Tiers not read at all (being cleared, or their last clear failed)."""
-        return sorted(self._unread)
+        return sorted(self._failed.union(self._clearing))
 
     def prune_backoff(self) -> None:
         """Forget back-offs that ran out (called at step boundaries; cheap when few)."""

@@ -106,6 +106,14 @@ class Handover:
         self.taken.clear()
 
     def drop_all(self) -> None:
-        """Forget every block in transit (the tier is being cleared)."""
-        for key in [*self.leaving, *self.handed, *self.taken]:
-            self.supersede(key)
+        """Forget every block in transit (the tier is being cleared): :meth:`supersede` of
+        every key at once (one key at a time would rebuild the queue once per key)."""
+        for waiters in self.leaving.values():
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+        self.leaving.clear()
+        self.handed.clear()
+        self.taken.clear()
+        self._queue.clear()
+        self._bytes = 0
