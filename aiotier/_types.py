@@ -5,10 +5,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypeAlias
 
 __all__ = [
     "MAX_KEY_BYTES",
     "BlockEvent",
+    "Buffer",
     "LoadSpec",
     "LookupResult",
     "PrepareStoreOutput",
@@ -19,6 +21,9 @@ __all__ = [
 ]
 
 MAX_KEY_BYTES = 1024
+
+#: Bytes of a block as they move between the engine and the tiers.
+Buffer: TypeAlias = bytes | bytearray | memoryview
 _BYTES = {bytes}
 
 

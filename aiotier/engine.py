@@ -144,6 +144,7 @@ class TieringEngine:
             max_inflight_promotions=o.max_inflight_promotions,
             max_promotion_share=o.max_promotion_share,
             max_pending_write_bytes=o.max_pending_write_bytes,
+            stage_demotions=bool(tiers) and not tiers[0].keeps_written_bytes,
             primary_admission=o.admission.get(primary.name),
             tier_admission=[o.admission.get(t.name) for t in tiers],
             notify=self._notify_writer,

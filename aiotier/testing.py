@@ -194,7 +194,7 @@ class FaultyTier(SecondaryTier):
     def cheap_handover(self) -> bool:  # type: ignore[override]
         return self.inner.cheap_handover
 
-    def take_evicted(self) -> list[tuple[bytes, bytes]]:
+    def take_evicted(self) -> Sequence[tuple[bytes, bytes | memoryview]]:
         return self.inner.take_evicted()
 
     def take_evicted_keys(self) -> list[bytes]:

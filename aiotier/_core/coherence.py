@@ -11,7 +11,9 @@ read path asks; a tier is not read for a key while:
 - the whole tier is being cleared, or its last clear failed (``unread``: any key).
 
 Bytes on their way down (``demoting``: copied out of the primary, write not finished) are the
-newest copy below the primary and are served from memory before any tier is asked.
+newest copy below the primary and are served from memory before any tier is asked. They may
+sit in a staging buffer the engine reuses once their write is over: whatever leaves the engine
+is a copy (:meth:`Coherence.down_copy`).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class Coherence:
         self._clearing: Counter[int] = Counter()  # tier -> clears under way
         self._failed: set[int] = set()  # tiers whose last clear failed
         #: key -> its newest bytes, copied out of the primary and on their way down
-        self.demoting: dict[bytes, bytes] = {}
+        self.demoting: dict[bytes, bytes | memoryview] = {}
 
     # -- questions -------------------------------------------------------------------------------
 
@@ -205,10 +207,15 @@ class Coherence:
         else:
             self._stale[ti].add(k)
 
-    def going_down(self, k: bytes, data: bytes) -> None:
+    def down_copy(self, k: bytes) -> bytes | None:
+        """The bytes of ``k`` on their way down, as a copy the caller may keep; None if none."""
+        data = self.demoting.get(k)
+        return None if data is None else bytes(data)
+
+    def going_down(self, k: bytes, data: bytes | memoryview) -> None:
         self.demoting[k] = data
 
-    def landed(self, k: bytes, data: bytes) -> None:
+    def landed(self, k: bytes, data: bytes | memoryview) -> None:
         """A demotion write of ``data`` finished: once no tier still writes ``k``, the bytes
         are below and no longer served from memory (unless newer bytes replaced them)."""
         if self.demoting.get(k) is data and not any(k in w for w in self._writing):

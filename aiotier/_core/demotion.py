@@ -1,6 +1,7 @@
 """Where a block's bytes go when the primary lets go of them or replaces them.
 
-Evictions under write-back copy the bytes out (before the slot is reused) and send them to the
+Evictions under write-back copy the bytes out (before the slot is reused: into a staging
+buffer unless the first tier keeps the bytes it is given) and send them to the
 first tier unless it keeps a clean copy; a put or store of new bytes removes the older copies
 below (write-back), writes the new ones to every tier (write-through) or keeps copies that are
 the same bytes (immutable keys); at close the primary's blocks are written down to the first
@@ -43,13 +44,20 @@ class Demotions:
             # a clean block's bytes are in the first tier already, unless a remove of them
             # is queued there or the tier lost them
             kept = core.coherence.kept(0, [k for k, _, is_clean in evicted if is_clean])
-            read = core.arena.read
-            for k, slot, _ in evicted:
-                if k not in kept:
-                    core.writes.demote(0, k, read(slot))
+            demote, staging = core.writes.demote, core.staging
+            if staging is None:
+                read = core.arena.read
+                for k, slot, _ in evicted:
+                    if k not in kept:
+                        demote(0, k, read(slot))
+            else:
+                view, stage = core.arena.data_view, staging.copy
+                for k, slot, _ in evicted:
+                    if k not in kept:
+                        demote(0, k, stage(view(slot)), staged=True)
         return keys
 
-    def readmit(self, k: bytes, data: bytes, protected: Sequence[int] = ()) -> bool:
+    def readmit(self, k: bytes, data: bytes | memoryview, protected: Sequence[int] = ()) -> bool:
         """Put bytes that are on their way down back into the primary, if there is room (and
         the key has no block there: a pending store of it is newer)."""
         core = self._core

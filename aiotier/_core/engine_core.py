@@ -32,6 +32,7 @@ from .inflight import InflightTable
 from .pins import PinLedger, PromotionShare
 from .promotion import PromotionBatch, Promotions
 from .requests import RequestBook, RequestState
+from .staging import StagingBuffers
 from .stats import CountKey, StepSnapshot, StepStats, TotalStats
 from .table import PENDING, PROMOTING, READY, BlockTable, Evicted, SlotState
 from .writeback import WriteQueues, remove
@@ -67,6 +68,7 @@ class EngineCore:
         max_inflight_promotions: int = 64,
         max_promotion_share: float = 1.0,
         max_pending_write_bytes: int = 64 << 20,
+        stage_demotions: bool = True,
         primary_admission: AdmissionPolicy | None = None,
         tier_admission: Sequence[AdmissionPolicy | None] = (),
         notify: Callable[[int], None] = lambda ti: None,
@@ -88,6 +90,13 @@ class EngineCore:
         self.pins = PinLedger(table, pin_steps, share)
         self.inflight = InflightTable(self.stats)
         self.coherence = Coherence(self.tier_names, hints, self.stats, clock, backoff_seconds)
+        #: reused buffers for blocks copied out of the arena on their way down; None when the
+        #: first tier keeps the bytes it is given (they are then copied into ``bytes``)
+        self.staging = (
+            StagingBuffers(arena.block_size, max(1, max_pending_write_bytes // arena.block_size))
+            if stage_demotions
+            else None
+        )
         self.writes = WriteQueues(
             self.tier_names,
             self.coherence,
@@ -98,6 +107,7 @@ class EngineCore:
             notify=notify,
             admission=tier_admission,
             immutable=immutable_keys,
+            staging=self.staging,
         )
         self.primary_admission = primary_admission
         # each policy that counts sightings, once even when it serves several tiers
@@ -447,9 +457,10 @@ class EngineCore:
         """
         data = self.copy_ready(k)
         if data is None and k not in self.table.index:
-            data = self.coherence.demoting.get(k)
-            if data is not None:
-                self.demotions.readmit(k, data)
+            down = self.coherence.demoting.get(k)
+            if down is not None:
+                self.demotions.readmit(k, down)
+                data = bytes(down)
         if data is not None:
             self.stats.primary_hit += 1
         return data

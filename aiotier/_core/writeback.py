@@ -22,11 +22,16 @@ from typing import Final
 from .._types import BlockEvent
 from .admission import AdmissionPolicy
 from .coherence import Coherence
+from .staging import StagingBuffers
 from .stats import StepStats
 
 __all__ = ["OpKind", "WriteOp", "WriteQueues"]
 
-BATCH: Final = 64  # queued ops handed to one write_many / remove_many call
+#: Most ops, and bytes of writes, handed to one write_many / remove_many call. A writer takes
+#: what queued while its last batch ran: under a busy event loop that turns only every few
+#: milliseconds, a batch costs a few turns, so batches grow rather than fall behind.
+BATCH: Final = 512
+BATCH_BYTES: Final = 64 << 20
 
 
 class OpKind(enum.Enum):
@@ -37,26 +42,31 @@ class OpKind(enum.Enum):
 class WriteOp:
     """One queued tier mutation. ``done`` (removes of a ``delete``) gets whether it removed."""
 
-    __slots__ = ("data", "demotion", "done", "key", "kind")
+    __slots__ = ("data", "demotion", "done", "key", "kind", "staged")
 
     def __init__(
         self,
         kind: OpKind,
         key: bytes,
-        data: bytes | None = None,
+        data: bytes | memoryview | None = None,
         *,
         demotion: bool = False,
+        staged: bool = False,
         done: Callable[[bool], None] | None = None,
     ) -> None:
         self.kind = kind
         self.key = key
         self.data = data
         self.demotion = demotion
+        #: ``data`` is a staging buffer (:mod:`.staging`), taken back once the op is over
+        self.staged = staged
         self.done = done
 
 
-def write(key: bytes, data: bytes, *, demotion: bool = False) -> WriteOp:
-    return WriteOp(OpKind.WRITE, key, data, demotion=demotion)
+def write(
+    key: bytes, data: bytes | memoryview, *, demotion: bool = False, staged: bool = False
+) -> WriteOp:
+    return WriteOp(OpKind.WRITE, key, data, demotion=demotion, staged=staged)
 
 
 def remove(key: bytes, done: Callable[[bool], None] | None = None) -> WriteOp:
@@ -75,6 +85,7 @@ class WriteQueues:
         "_names",
         "_notify",
         "_queues",
+        "_staging",
         "_stats",
         "max_bytes",
         "queued_bytes",
@@ -92,6 +103,7 @@ class WriteQueues:
         notify: Callable[[int], None],
         admission: Sequence[AdmissionPolicy | None] = (),
         immutable: bool = False,
+        staging: StagingBuffers | None = None,
     ) -> None:
         self._names = tuple(names)
         self._admission = tuple(admission) or (None,) * len(self._names)
@@ -101,6 +113,7 @@ class WriteQueues:
         self._events = events
         self._cascade = cascade  # write_back: blocks a tier hands over go to the tier below
         self._notify = notify
+        self._staging = staging
         self._queues: list[deque[WriteOp]] = [deque() for _ in names]
         self.max_bytes = max_bytes
         #: bytes copied out for tier writes and not yet written
@@ -153,19 +166,32 @@ class WriteQueues:
             self.push(ti, remove(k))  # an older copy there must not be served
         return False
 
-    def demote(self, ti: int, k: bytes, data: bytes) -> None:
-        """Send a block's newest bytes down to tier ``ti``; served from memory meanwhile."""
-        if self.push(ti, write(k, data, demotion=True)):
+    def demote(
+        self, ti: int, k: bytes, data: bytes | memoryview, *, staged: bool = False
+    ) -> None:
+        """Send a block's newest bytes down to tier ``ti``; served from memory meanwhile.
+        ``staged``: ``data`` is a staging buffer, taken back once the write is over."""
+        if self.push(ti, write(k, data, demotion=True, staged=staged)):
             self._coherence.going_down(k, data)
+        elif staged and self._staging is not None:
+            assert isinstance(data, memoryview)
+            self._staging.release(data)
 
     def next_batch(self, ti: int) -> list[WriteOp]:
-        """Up to ``BATCH`` neighbouring ops of one kind, in queue order (empty when idle)."""
+        """Neighbouring ops of one kind, in queue order, up to ``BATCH`` ops and ``BATCH_BYTES``
+        (empty when idle)."""
         q = self._queues[ti]
         if not q:
             return []
         kind = q[0].kind
-        batch: list[WriteOp] = []
+        batch = [q.popleft()]
+        nbytes = len(batch[0].data or b"")
         while q and q[0].kind is kind and len(batch) < BATCH:
+            data = q[0].data
+            if data is not None:
+                nbytes += len(data)
+                if nbytes > BATCH_BYTES:
+                    break
             batch.append(q.popleft())
         return batch
 
@@ -176,7 +202,7 @@ class WriteQueues:
         ti: int,
         batch: Sequence[WriteOp],
         errors: Sequence[Exception | None],
-        handed: Sequence[tuple[bytes, bytes]] = (),
+        handed: Sequence[tuple[bytes, bytes | memoryview]] = (),
         gone: Sequence[bytes] = (),
     ) -> None:
         """A batch of writes reached tier ``ti`` (``None``) or failed (an exception, per op).
@@ -230,16 +256,29 @@ class WriteQueues:
         if removed:
             self._events.append(BlockEvent(tuple(removed), name, True))
 
-    def finished(self, ti: int, batch: Sequence[WriteOp]) -> None:
-        """The ops of ``batch`` are no longer queued or running (applied, failed or dropped)."""
+    def finished(self, ti: int, batch: Sequence[WriteOp], *, released: bool = True) -> None:
+        """The ops of ``batch`` are no longer queued or running (applied, failed or dropped).
+
+        ``released``: the tier holds none of their bytes (its call returned, or was never
+        made); only then are staging buffers taken back.
+        """
         coherence = self._coherence
+        staging = self._staging if released else None
         for op in batch:
             if op.kind is OpKind.WRITE:
                 coherence.write_done(ti, op.key)
-                assert op.data is not None
-                self.queued_bytes -= len(op.data)
+                data = op.data
+                assert data is not None
+                self.queued_bytes -= len(data)
                 if op.demotion:
-                    coherence.landed(op.key, op.data)
+                    coherence.landed(op.key, data)
+                    if (
+                        op.staged
+                        and staging is not None
+                        and coherence.demoting.get(op.key) is not data
+                    ):
+                        assert isinstance(data, memoryview)
+                        staging.release(data)
             else:
                 coherence.remove_done(ti, op.key)
 

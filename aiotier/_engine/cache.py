@@ -83,7 +83,7 @@ class CacheCalls:
                     with lock:
                         got = core.in_flight(k)
                         if got is None:  # nothing in flight: a concurrent call may have landed it
-                            return core.copy_ready(k) or core.coherence.demoting.get(k)
+                            return core.copy_ready(k) or core.coherence.down_copy(k)
                 if deferred is None:
                     deferred = _now()
                 data = await self._await_block(k, got[0])
@@ -109,7 +109,7 @@ class CacheCalls:
                 if core.table.ready_slot(k) == slot:
                     return core.arena.read(slot)
                 # replaced by a put meanwhile (the newer bytes), or pushed down while promoting
-                return core.copy_ready(k) or core.coherence.demoting.get(k)
+                return core.copy_ready(k) or core.coherence.down_copy(k)
         finally:
             with lock:
                 core.table.unpin(slot)
@@ -125,7 +125,7 @@ class CacheCalls:
         for tj in range(ti, len(self._tiers)):
             if tj > ti:
                 with lock:
-                    data = coherence.demoting.get(k)
+                    data = coherence.down_copy(k)
                     if data is not None:
                         return data
                     if not coherence.may_read(tj, k):
@@ -141,7 +141,7 @@ class CacheCalls:
                     core.stats.count("read_bytes", tier.name, n=n)
                 return bytes(buf[:n])
         with lock:
-            return coherence.demoting.get(k)
+            return coherence.down_copy(k)
 
     async def _read_one(self, ti: int, k: bytes, buf: bytearray) -> int | None:
         """One read through tier ``ti``'s circuit breaker; None on a fault or an open circuit."""

@@ -157,31 +157,44 @@ class Writers:
                 await wakeup.wait()
                 continue
             self._applying += 1
+            released = False  # until the tier is known to hold none of the batch's bytes
             try:
                 if batch[0].kind is OpKind.WRITE:
-                    await self._write(ti, batch)
+                    released = await self._write(ti, batch)
                 else:
                     await self._remove(ti, batch)
             finally:
                 with lock:
-                    writes.finished(ti, batch)
+                    writes.finished(ti, batch, released=released)
                 self._applying -= 1
                 if not self._applying:
                     self._applied.set()
 
-    async def _write(self, ti: int, batch: list[WriteOp]) -> None:
+    async def _write(self, ti: int, batch: list[WriteOp]) -> bool:
+        """Write ``batch`` to tier ``ti``; whether the tier holds none of its bytes now (its
+        call returned or was never made: a call cut short by the timeout may still be using
+        them, on a thread)."""
         tier = self._tiers[ti]
         items = [(op.key, op.data or b"") for op in batch]
+        called = returned = False
+
+        async def call() -> list[Exception | None]:
+            nonlocal called, returned
+            called = True
+            answers = await tier.write_many(items)
+            returned = True
+            return answers
+
         errors = await bounded_call(
-            tier, partial(tier.write_many, items), len(items), self._io_timeout,
-            self._breakers, ti, "write",
-        )  # fmt: skip
+            tier, call, len(items), self._io_timeout, self._breakers, ti, "write"
+        )
         if self._hand_over[ti]:
             handed, gone = tier.take_evicted(), []
         else:
             handed, gone = [], tier.take_evicted_keys()
         with self._guard.lock:
             self._core.writes.writes_applied(ti, batch, errors, handed, gone)
+        return returned or not called
 
     async def _remove(self, ti: int, batch: list[WriteOp]) -> None:
         tier = self._tiers[ti]

@@ -56,6 +56,10 @@ class SecondaryTier(ABC):
     #: Whether evicted keys are wanted from :meth:`take_evicted_keys` (set through
     #: :meth:`configure_evictions`).
     report_evicted: bool = False
+    #: Whether :meth:`write` keeps the ``bytes`` objects it is given (a tier in process memory):
+    #: the engine then hands it demoted blocks as ``bytes`` of their own. Otherwise ``data``
+    #: may be a view of a buffer the engine reuses once ``write`` returns: copy what you keep.
+    keeps_written_bytes: bool = False
     #: Whether blocks outlive this process (a disk, a server). At ``aclose()`` the engine
     #: writes the primary's blocks to the first persistent tier, so a restart keeps them.
     persistent: bool = True
@@ -145,7 +149,11 @@ class SecondaryTier(ABC):
 
     @abstractmethod
     async def write(self, key: bytes, data: bytes | memoryview) -> None:
-        """Store ``data`` under ``key``, replacing what was there."""
+        """Store ``data`` under ``key``, replacing what was there.
+
+        Keep no reference to a ``memoryview`` once this returns: the engine reuses the buffer
+        under it (copy it, or see :attr:`keeps_written_bytes`).
+        """
 
     @abstractmethod
     async def remove(self, key: bytes) -> bool:
@@ -220,7 +228,7 @@ class SecondaryTier(ABC):
         """
         return []
 
-    def take_evicted(self) -> list[tuple[bytes, bytes]]:
+    def take_evicted(self) -> Sequence[tuple[bytes, bytes | memoryview]]:
         """Blocks evicted since the last call, with their bytes, for the tier below.
 
         Only tiers that can hand bytes over return anything, and only while

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import Final, TypeAlias
+from typing import Final
 
 import xxhash
 
+from .._types import Buffer
 from ..errors import BlockCorruptedError
 
 __all__ = [
@@ -54,8 +55,6 @@ HEADER: Final = struct.Struct("<4sBBHQQ")
 
 checksum = xxhash.xxh3_64_intdigest
 
-#: What frames are read from and written to.
-Buffer: TypeAlias = bytes | bytearray | memoryview
 
 
 class FrameHeader:

@@ -1,4 +1,4 @@
-"""A secondary tier in process memory: bytes objects under a byte budget, LRU."""
+"""A secondary tier in process memory: blocks under a byte budget, LRU."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ __all__ = ["MemoryTier"]
 
 
 class MemoryTier(SecondaryTier):
-    """Blocks kept as immutable ``bytes`` in this process, least recently used evicted first.
+    """Blocks kept in this process (a ``bytes`` as given, a view copied into a buffer the tier
+    owns and reuses), least recently used evicted first.
 
     Every operation completes without suspending, so it is the cheapest tier to promote from;
     it is also the only built-in tier that hands evicted bytes to the tier below for free.
@@ -21,13 +22,14 @@ class MemoryTier(SecondaryTier):
 
     persistent = False
     cheap_handover = True
+    keeps_written_bytes = True
 
     def __init__(self, capacity_bytes: int, *, name: str = "memory") -> None:
         super().__init__(name)
         self._budget = ByteBudgetLRU(capacity_bytes)
-        self._data: dict[bytes, bytes] = {}
+        self._data: dict[bytes, bytes | bytearray] = {}
         # evicted while the engine wants them handed down: still found here until taken
-        self._evicted: dict[bytes, bytes] = {}
+        self._evicted: dict[bytes, bytes | bytearray] = {}
 
     async def lookup(self, key: bytes) -> LookupResult:
         return LookupResult.HIT if self.contains_hint(key) else LookupResult.MISS
@@ -88,14 +90,26 @@ class MemoryTier(SecondaryTier):
         return out
 
     async def write(self, key: bytes, data: bytes | memoryview) -> None:
-        blob = bytes(data)
-        for victim in self._budget.admit(key, len(blob)):
+        # A block given as a view is copied (the caller reuses its buffer), into the buffer of
+        # the copy it replaces or of a victim when there is one: a new large buffer costs
+        # several times the copy (fresh pages, each zero-filled on first touch).
+        spare = self._data.get(key)
+        n = data.nbytes if isinstance(data, memoryview) else len(data)
+        for victim in self._budget.admit(key, n):
             old = self._data.pop(victim)
             self.evictions += 1
             if self.handover_evicted:
                 self._evicted[victim] = old
+            elif spare is None:
+                spare = old
         self._evicted.pop(key, None)  # the new version supersedes one awaiting hand-over
-        self._data[key] = blob
+        if type(data) is bytes:
+            self._data[key] = data  # immutable: kept as it is
+        elif type(spare) is bytearray:
+            spare[:] = memoryview(data).cast("B")
+            self._data[key] = spare
+        else:
+            self._data[key] = bytearray(memoryview(data).cast("B"))
 
     async def remove(self, key: bytes) -> bool:
         self._budget.discard(key)
@@ -113,7 +127,7 @@ class MemoryTier(SecondaryTier):
     def usage(self) -> TierUsage:
         return TierUsage(len(self._data), self._budget.used, self._budget.capacity)
 
-    def take_evicted(self) -> list[tuple[bytes, bytes]]:
-        out = list(self._evicted.items())
+    def take_evicted(self) -> Sequence[tuple[bytes, bytes | memoryview]]:
+        out = [(k, v if type(v) is bytes else memoryview(v)) for k, v in self._evicted.items()]
         self._evicted.clear()
         return out

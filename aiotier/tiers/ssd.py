@@ -407,7 +407,8 @@ class SSDTier(SecondaryTier):
         """Ops for as many of ``pending`` as there are slots for now; and the rest."""
         index, handover, locate = self._index, self._handover, self._locate
         parts = self._parts(len(pending), runner)
-        ops = [SlotWrites(self.fsync, self._writes_done) for _ in range(parts)]
+        size = self._slot_size
+        ops = [SlotWrites(self.fsync, size, self._writes_done) for _ in range(parts)]
         for n, (key, (pos, view)) in enumerate(pending):
             plan = index.plan_write(key, view.nbytes)
             if plan is None:
@@ -424,7 +425,9 @@ class SSDTier(SecondaryTier):
                 elif self.report_evicted:
                     self._evicted_keys.append(victim.key)
             fd, off = locate(plan.slot)
-            ops[n % parts].add(fd, off, key, plan.seq, view, plan.dirty, read, (plan, token, pos))
+            ops[n * parts // len(pending)].add(
+                fd, off, key, plan.seq, view, read, (plan, token, pos)
+            )
         else:
             rest = []
         return [op for op in ops if op.tags], rest

@@ -4,6 +4,7 @@ hostile keys, corruption, immutable keys, the concurrency bound, retries and dea
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -93,6 +94,16 @@ async def test_a_new_tier_reads_exactly_what_another_wrote(
             assert bytes(b[:n]) == want
     finally:
         await other.aclose()
+
+
+async def test_a_written_view_s_buffer_may_be_reused_at_once(tier: ObjectStoreTier) -> None:
+    # the engine reuses the buffers it demotes from: a tier keeps no reference to them
+    staging = bytearray(os.urandom(4096))
+    want = bytes(staging)
+    assert await tier.write_many([(b"v", memoryview(staging))]) == [None]
+    staging[:] = bytes(4096)
+    b = buf()
+    assert await tier.read_into(b"v", b) == 4096 and bytes(b[:4096]) == want
 
 
 async def test_objects_are_frames_named_by_a_hash_of_the_key_under_the_prefix(

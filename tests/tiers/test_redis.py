@@ -69,6 +69,16 @@ async def test_write_then_read_returns_the_same_bytes(tier: RedisTier, size: int
     assert bytes(b[:size]) == data
 
 
+async def test_a_written_view_s_buffer_may_be_reused_at_once(tier: RedisTier) -> None:
+    # the engine reuses the buffers it demotes from: a tier keeps no reference to them
+    staging = bytearray(os.urandom(4096))
+    want = bytes(staging)
+    assert await tier.write_many([(b"v", memoryview(staging))]) == [None]
+    staging[:] = bytes(4096)
+    b = buf()
+    assert await tier.read_into(b"v", b) == 4096 and bytes(b[:4096]) == want
+
+
 async def test_absent_key_is_miss_and_minus_one(tier: RedisTier) -> None:
     assert await tier.lookup(b"nope") is LookupResult.MISS
     assert await tier.read_into(b"nope", buf(16)) == -1

@@ -123,6 +123,17 @@ def _runner(tier: SSDTier) -> HopRunner:
 # -- basics -----------------------------------------------------------------------------------
 
 
+async def test_a_written_view_s_buffer_may_be_reused_at_once(tier: SSDTier) -> None:
+    # the engine reuses the buffers it demotes from: a tier keeps no reference to them
+    staging = [bytearray(os.urandom(5000)) for _ in range(3)]
+    want = [bytes(s) for s in staging]
+    items = [(f"v{i}".encode(), memoryview(s)) for i, s in enumerate(staging)]
+    assert await tier.write_many(items) == [None] * 3
+    for s in staging:
+        s[:] = bytes(5000)
+    assert [await read(tier, k) for k, _ in items] == want
+
+
 async def test_write_then_read_returns_the_same_bytes(tier: SSDTier) -> None:
     data = os.urandom(300_000)
     await tier.write(b"k", data)

@@ -1,10 +1,11 @@
 """The SSD tier's thread plumbing: disk ops queued on the loop, run on threads in batches.
 
 aiosqlite's shape, sized for many small ops: callers queue ops (:class:`DiskOp`) and await a
-future; a flush at the end of the loop iteration packs the queue into *hops* (one function
-call on one thread, many ops) and runs at most ``threads`` of them at once; outcomes come back
-to the loop as the hop's result. A hop costs 20-65 µs of loop and thread overhead whatever it
-carries, so ops queued together share hops.
+future; ops are packed into *hops* (one function call on one thread, many ops), at most
+``threads`` of them running at once; each hop's thread posts its outcome back to the loop in
+one callback, as aiosqlite's thread does. A hop costs 20-65 µs of loop and thread overhead
+whatever it carries, so ops queued together share hops. Opening and closing work goes through
+``aiofiles.os.wrap`` on the same threads (:meth:`HopRunner.call`).
 
 The runner knows nothing of blocks, files or the tier's index: an op reads or writes caller
 buffers on the thread (:meth:`DiskOp.start` / :meth:`~DiskOp.complete`) and applies its outcome
@@ -18,7 +19,8 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Any, Final, TypeVar
 
 import aiofiles.os
@@ -70,10 +72,9 @@ class DiskOp:
     buffers) and a callback for :meth:`finish`; never the object that queued them.
     """
 
-    __slots__ = ("fut", "group", "index", "nbytes", "started", "withdrawn")
+    __slots__ = ("group", "index", "nbytes", "started", "withdrawn")
 
     def __init__(self, nbytes: int) -> None:
-        self.fut: asyncio.Future[Any] | None = None
         self.group: _Group | None = None
         self.index = 0
         #: Bytes the op moves, for the hop's byte cap.
@@ -102,39 +103,35 @@ class DiskOp:
         self.settle(outcome)
 
     def settle(self, outcome: Any) -> None:
-        """Hand ``outcome`` to whoever awaits this op (its own future or its group)."""
-        group = self.group
-        if group is not None:
-            group.settle_one(self.index, outcome)
-        elif self.fut is not None:
-            _resolve(self.fut, outcome)
+        """Hand ``outcome`` to whoever awaits this op (its group)."""
+        if self.group is not None:
+            self.group.settle_one(self.index, outcome)
 
 
 class _Group:
     """One future for a batch of ops: the event loop's cost of a batch must not grow with its
-    ops (a future and a callback per block cost more than a warm block's read)."""
+    ops (a future and a callback per block cost more than a warm block's read).
 
-    __slots__ = ("fut", "remaining", "results")
+    The caller awaits :attr:`fut` itself (no shield: one loop iteration less per batch); a
+    caller cancelled meanwhile cancels it, and then waits on :attr:`settled` instead.
+    """
+
+    __slots__ = ("fut", "remaining", "results", "settled")
 
     def __init__(self, fut: asyncio.Future[None], n: int) -> None:
         self.fut = fut
         self.remaining = n
         self.results: list[Any] = [None] * n
+        #: Made by a cancelled caller that must wait for the ops still on a thread.
+        self.settled: asyncio.Future[None] | None = None
 
     def settle_one(self, index: int, outcome: Any) -> None:
         self.results[index] = outcome
         self.remaining -= 1
-        if self.remaining <= 0 and not self.fut.done():
-            self.fut.set_result(None)
-
-
-def _resolve(fut: asyncio.Future[Any], outcome: Any) -> None:
-    if fut.done():
-        return
-    if isinstance(outcome, BaseException):
-        fut.set_exception(outcome)
-    else:
-        fut.set_result(outcome)
+        if self.remaining <= 0:
+            for fut in (self.fut, self.settled):
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
 
 
 def run_ops(ops: list[DiskOp], nowait: NowaitProbe) -> list[Any]:
@@ -166,16 +163,18 @@ def run_ops(ops: list[DiskOp], nowait: NowaitProbe) -> list[Any]:
     return out
 
 
-_run_ops_async = aiofiles.os.wrap(run_ops)
-
-
 class HopRunner:
     """A queue of :class:`DiskOp` run on ``threads`` threads, in hops of at most ``max_ops``
     ops and ``max_bytes`` bytes.
 
     Ops queued in one loop iteration are split evenly over the free threads, so a batch never
     leaves one thread with a short last hop while the others idle; what does not fit waits in
-    the queue, where later ops can still join it. Created in a running loop; used from it only.
+    the queue, where later ops can still join it. A batch the tier already split per thread
+    (:meth:`submit_group`) starts at once. Created in a running loop; used from it only.
+
+    A hop's end reaches the loop as one callback posted by its thread, which settles the ops
+    and starts the next hop: a busy loop, one that turns only every few milliseconds, should
+    need as few turns as possible per batch (a task and a future chain per hop cost three).
 
     For tests and tools, read :attr:`idle` and :attr:`nowait`; the rest is the tier's.
     """
@@ -201,7 +200,6 @@ class HopRunner:
         self._queue: deque[DiskOp] = deque()
         self._flush_scheduled = False
         self._hops = 0
-        self._hop_tasks: set[asyncio.Task[None]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -243,43 +241,38 @@ class HopRunner:
             self._loop.call_soon(self._flush)
 
     async def submit(self, op: DiskOp, *, withdrawable: bool) -> Any:
-        """Queue ``op`` and await its outcome.
-
-        A cancelled caller whose op is already on a thread waits (up to :attr:`grace`) for the
-        thread to finish before re-raising: the op may be writing into, or reading from, the
-        caller's buffer, and the caller may reuse that buffer as soon as we return. A
-        ``withdrawable`` op still queued is dropped at once instead.
-        """
-        fut = op.fut = self._loop.create_future()
-        self.enqueue(op)
-        try:
-            return await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            if not op.started and withdrawable:
-                op.withdrawn = True
-                fut.cancel()
-                raise
-            await self._wait_settled(fut)
-            raise
+        """Queue ``op`` and await its outcome (an exception is raised); see :meth:`submit_group`."""
+        (outcome,) = await self.submit_group([op], withdrawable=withdrawable)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
     async def submit_group(self, ops: Sequence[DiskOp], *, withdrawable: bool) -> list[Any]:
-        """Queue ``ops`` under one future; their outcomes in order (same cancellation rule)."""
+        """Run ``ops`` (started at once, on the free threads) under one future; their outcomes
+        in order.
+
+        A cancelled caller whose ops are already on a thread waits (up to :attr:`grace`) for
+        the thread to finish before re-raising: an op may be writing into, or reading from, the
+        caller's buffers, and the caller may reuse them as soon as we return. ``withdrawable``
+        ops still queued are dropped at once instead.
+        """
         group = _Group(self._loop.create_future(), len(ops))
         for i, op in enumerate(ops):
             op.group = group
             op.index = i
-        self.enqueue(*ops)
+        self._queue.extend(ops)
+        self._idle.clear()
+        self._flush()
         try:
-            await asyncio.shield(group.fut)
+            await group.fut
         except asyncio.CancelledError:
             if withdrawable:
                 for op in ops:
                     if not op.started and not op.withdrawn:
                         op.withdrawn = True
                         group.remaining -= 1
-                if group.remaining <= 0 and not group.fut.done():
-                    group.fut.set_result(None)
-            await self._wait_settled(group.fut)
+                self._maybe_idle()
+            await self._wait_settled(group)
             raise
         return group.results
 
@@ -313,41 +306,54 @@ class HopRunner:
         if not batch:
             return False
         self._hops += 1
-        task = self._loop.create_task(self._hop(batch))
-        self._hop_tasks.add(task)
-        task.add_done_callback(self._hop_tasks.discard)
+        try:
+            job = self._executor.submit(run_ops, batch, self.nowait)
+        except RuntimeError as exc:  # the pool was shut down: the tier is closing
+            self._hop_done(batch, exc)
+        else:
+            job.add_done_callback(partial(self._post, batch))
         return True
 
-    def _maybe_idle(self) -> None:
-        if self._hops == 0 and not self._queue:
-            self._idle.set()
-
-    async def _hop(self, batch: list[DiskOp]) -> None:
-        outcomes: list[Any]
+    def _post(self, batch: list[DiskOp], job: Future[list[Any]]) -> None:
+        """On the hop's thread: hand its outcome to the loop."""
         try:
-            outcomes = await _run_ops_async(batch, self.nowait, executor=self._executor)
-        except BaseException as exc:  # loop teardown cancelled us; the thread may still run
-            err = TierUnavailableError(f"ssd tier {self.name!r}: disk work abandoned: {exc!r}")
-            outcomes = [err] * len(batch)
-        finally:
-            self._hops -= 1
-        for op, outcome in zip(batch, outcomes, strict=True):
+            outcome: list[Any] | BaseException = job.result()
+        except BaseException as exc:  # run_ops keeps failures per op: this is the pool's own
+            outcome = exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+            self._loop.call_soon_threadsafe(self._hop_done, batch, outcome)
+
+    def _hop_done(self, batch: list[DiskOp], outcome: list[Any] | BaseException) -> None:
+        """On the loop: settle the hop's ops, then start the next hops."""
+        self._hops -= 1
+        if isinstance(outcome, BaseException):
+            err = TierUnavailableError(f"ssd tier {self.name!r}: disk work failed: {outcome!r}")
+            outcomes: list[Any] = [err] * len(batch)
+        else:
+            outcomes = outcome
+        for op, result in zip(batch, outcomes, strict=True):
             try:
-                op.finish(outcome)
+                op.finish(result)
             except Exception:  # finish only touches the index; never let one op stop the rest
                 log.exception("ssd tier %r: finishing a disk op failed", self.name)
-        if self._queue and not self._flush_scheduled:
+        if self._queue:
             self._flush()
         self._maybe_idle()
 
-    async def _wait_settled(self, fut: asyncio.Future[Any]) -> None:
-        """Wait, ignoring further cancellation, until ``fut`` settles (at most :attr:`grace`).
+    def _maybe_idle(self) -> None:
+        if self._hops == 0 and not any(not op.withdrawn for op in self._queue):
+            self._queue.clear()
+            self._idle.set()
 
-        Used after a caller was cancelled while its op was on (or bound for) a thread: the op
-        may touch the caller's buffer until then.
-        """
+    async def _wait_settled(self, group: _Group) -> None:
+        """Wait, ignoring further cancellation, until every op of ``group`` settled (at most
+        :attr:`grace`). Used after a caller was cancelled while its ops were on (or bound for)
+        a thread: an op may touch the caller's buffers until then."""
+        if group.remaining <= 0:
+            return
+        settled = group.settled = self._loop.create_future()
         deadline = self._loop.time() + self.grace
-        while not fut.done():
+        while not settled.done():
             remaining = deadline - self._loop.time()
             if remaining <= 0:
                 log.error(
@@ -357,6 +363,4 @@ class HopRunner:
                 )
                 return
             with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait((fut,), timeout=remaining)
-        if not fut.cancelled():
-            fut.exception()  # mark retrieved: the cancelled caller will not look at it
+                await asyncio.wait((settled,), timeout=remaining)

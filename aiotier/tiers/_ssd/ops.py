@@ -8,10 +8,12 @@ many slots so that the event loop's cost of a batch does not grow with an object
 a callback per block; the tier makes one op per thread for a batch, so the batch still spreads
 over every thread.
 
-Between two blocks an op yields its CPU (:func:`~.syscalls.yield_cpu`): with as many copying
-threads as CPUs, the event loop could otherwise wait for a CPU until the kernel's next tick (a
-kernel built without preemption switches no sooner); after a yield it waits at most one
-block's copy.
+Between two blocks a read or clear yields its CPU (:func:`~.syscalls.yield_cpu`): with as many
+copying threads as CPUs, the event loop could otherwise wait for a CPU until the kernel's next
+tick (a kernel built without preemption switches no sooner); after a yield it waits at most one
+block's copy. Writes go to adjacent slots in runs of one ``pwritev`` each instead: every system
+call is a moment the thread gives the GIL up, and a thread that wants it back while the loop
+is busy can wait for milliseconds (``docs/ssd.md``, "Writes under a busy event loop").
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ __all__ = ["SlotClears", "SlotOp", "SlotReads", "SlotWrites", "read_slot"]
 
 #: Cold reads this close together are advised as one range (the bytes between are few).
 _MERGE_GAP = 64 << 10
+#: Most adjacent slots written by one ``pwritev`` (at most 3 buffers each; ``IOV_MAX`` is 1024).
+_RUN_MAX = 128
+#: Written over the unused end of a slot between two others written at once.
+_ZEROS = memoryview(bytes(64 << 10))
 
 
 def _advise(fd: int, start: int, end: int) -> None:
@@ -216,25 +222,28 @@ class SlotReads(SlotOp):
 
 
 class SlotWrites(SlotOp):
-    """Blocks written into their planned slots, header last, then with ``fsync`` one
-    ``fdatasync`` per file touched (a group commit).
+    """Blocks written into their planned slots, then with ``fsync`` one ``fdatasync`` per file
+    touched (a group commit).
 
-    Per block: the victim's bytes are read first when they go to the tier below; a slot whose
-    header may still be valid (a victim's) has it cleared; then the payload, then the header. A
-    process killed at any point leaves the slot either whole or with a header that does not
-    verify (the start-up scan counts it free). The outcome is ``(handed, errors)``: per block
-    the victim's payload (or None) and the write's exception (or None).
+    Victims' bytes are read first when they go to the tier below. Then each run of adjacent
+    slots is one ``pwritev``: per slot its header, its payload, zeros over the rest of the slot.
+    The header comes first, so a victim's header is the first thing overwritten; a process
+    killed mid-write leaves a slot whose header or payload checksum fails (a read, or the
+    start-up scan for a key found twice, treats it as free; ``docs/ssd.md``). The outcome is
+    ``(handed, errors)``: per block the victim's payload (or None) and the exception (or None).
     """
 
-    __slots__ = ("datas", "dirty", "fsync", "keys", "seqs", "tags", "victims")
+    __slots__ = ("datas", "fsync", "keys", "seqs", "slot_size", "tags", "victims")
 
-    def __init__(self, fsync: bool, done: Callable[[SlotWrites, Any], None]) -> None:
+    def __init__(
+        self, fsync: bool, slot_size: int, done: Callable[[SlotWrites, Any], None]
+    ) -> None:
         SlotOp.__init__(self, [], [], 0, done)
         self.fsync = fsync
+        self.slot_size = slot_size
         self.keys: list[bytes] = []
         self.seqs: list[int] = []
         self.datas: list[memoryview] = []
-        self.dirty: list[bool] = []
         #: Per block: ``(key, seq, length)`` of the victim to read first, or None.
         self.victims: list[tuple[bytes, int, int] | None] = []
         #: Per block, what the loop's completion needs (the index plan, ...): loop-side data.
@@ -247,7 +256,6 @@ class SlotWrites(SlotOp):
         key: bytes,
         seq: int,
         data: memoryview,
-        dirty: bool,
         victim: tuple[bytes, int, int] | None,
         tag: Any,
     ) -> None:
@@ -256,7 +264,6 @@ class SlotWrites(SlotOp):
         self.keys.append(key)
         self.seqs.append(seq)
         self.datas.append(data)
-        self.dirty.append(dirty)
         self.victims.append(victim)
         self.tags.append(tag)
         self.nbytes += data.nbytes
@@ -267,15 +274,55 @@ class SlotWrites(SlotOp):
         for i, victim in enumerate(self.victims):
             if victim is not None:
                 handed[i] = read_slot(fds[i], offsets[i], *victim)
-        return handed, _write_each(fds, self._write, self.fsync)
+        errors: list[OSError | None] = [None] * len(fds)
+        touched: dict[int, list[int]] = {}
+        for run in self._runs():
+            fd = fds[run[0]]
+            try:
+                pwrite_all(fd, self._chunks(run), offsets[run[0]])
+            except OSError as exc:
+                for i in run:
+                    errors[i] = exc
+                continue
+            touched.setdefault(fd, []).extend(run)
+        if self.fsync:
+            for fd, written in touched.items():
+                try:
+                    os.fdatasync(fd)
+                except OSError as exc:
+                    for i in written:
+                        errors[i] = exc
+        return handed, errors
 
-    def _write(self, i: int) -> None:
-        fd, off, data = self.fds[i], self.offsets[i], self.datas[i]
-        head = encode_head(self.keys[i], self.seqs[i], data)
-        if self.dirty[i]:
-            os.pwrite(fd, CLEARED, off)
-        pwrite_all(fd, [data], off + len(head))
-        pwrite_all(fd, [memoryview(head)], off)
+    def _runs(self) -> list[list[int]]:
+        """The op's blocks in runs of adjacent slots of one file, each written at once."""
+        fds, offsets, stride = self.fds, self.offsets, self.slot_size
+        runs: list[list[int]] = []
+        at, fd = -1, -1
+        for i in sorted(range(len(fds)), key=lambda i: (fds[i], offsets[i])):
+            if runs and fds[i] == fd and offsets[i] == at + stride and len(runs[-1]) < _RUN_MAX:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+            fd, at = fds[i], offsets[i]
+        return runs
+
+    def _chunks(self, run: list[int]) -> list[memoryview]:
+        """What one ``pwritev`` writes for ``run``: per slot its header then its payload, and
+        but for the last slot zeros over the rest of the slot (a short block's tail)."""
+        datas, keys, seqs, stride = self.datas, self.keys, self.seqs, self.slot_size
+        chunks: list[memoryview] = []
+        last = run[-1]
+        for i in run:
+            data = datas[i]
+            head = encode_head(keys[i], seqs[i], data)
+            chunks.append(memoryview(head))
+            chunks.append(data)
+            tail = stride - len(head) - data.nbytes
+            while i != last and tail > 0:
+                chunks.append(_ZEROS[: min(tail, _ZEROS.nbytes)])
+                tail -= _ZEROS.nbytes
+        return chunks
 
 
 class SlotClears(SlotOp):

@@ -31,9 +31,9 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from ..._types import MAX_KEY_BYTES
+from ..._types import MAX_KEY_BYTES, Buffer
 from ...errors import BlockCorruptedError
-from ..framing import HEADER, Buffer, check_header, check_payload, checksum, encode_header
+from ..framing import HEADER, check_header, check_payload, checksum, encode_header
 
 __all__ = [
     "CLEARED",

@@ -1,0 +1,99 @@
+"""Staging buffers: blocks evicted under write-back are copied into buffers the engine reuses,
+and a buffer is reused only once nothing can see it any more. Driven by hand, no event loop."""
+
+from __future__ import annotations
+
+from aiotier import PrimaryTier
+from aiotier._core.engine_core import EngineCore
+from aiotier._core.staging import StagingBuffers
+
+
+def test_a_released_buffer_is_the_next_one_copied_into() -> None:
+    pool = StagingBuffers(8, max_free=1)
+    first = pool.copy(memoryview(b"abc"))
+    assert first == b"abc" and first.nbytes == 3
+    pool.release(first)
+    assert len(pool) == 1
+    second = pool.copy(memoryview(b"12345678"))
+    assert second.obj is first.obj and second == b"12345678"
+    assert len(pool) == 0
+
+
+def test_the_free_list_keeps_at_most_max_free_buffers() -> None:
+    pool = StagingBuffers(4, max_free=2)
+    views = [pool.copy(memoryview(b"x")) for _ in range(5)]
+    for v in views:
+        pool.release(v)
+    assert len(pool) == 2
+
+
+def core_with(num_blocks: int = 1, *, stage: bool = True) -> EngineCore:
+    primary = PrimaryTier(num_blocks, 8)
+    return EngineCore(
+        primary.arena,
+        primary.table,
+        tier_names=["disk"],
+        hints=[lambda k: False],  # the tier holds nothing: a put queues no remove
+        max_pending_write_bytes=64,
+        stage_demotions=stage,
+    )
+
+
+def test_a_demotion_written_gives_its_buffer_back() -> None:
+    core = core_with()
+    assert core.put(b"a", b"aaaa") and core.put(b"b", b"bbbb")  # evicts a
+    (op,) = core.writes.next_batch(0)
+    assert isinstance(op.data, memoryview) and op.data == b"aaaa"
+    core.writes.writes_applied(0, [op], [None])
+    core.writes.finished(0, [op])
+    assert core.staging is not None and len(core.staging) == 1
+    assert core.put(b"c", b"cccc")  # evicts b into the very buffer a used
+    (op2,) = core.writes.next_batch(0)
+    assert op2.data is not None and op2.data == b"bbbb"
+    assert isinstance(op2.data, memoryview) and op2.data.obj is op.data.obj
+    assert len(core.staging) == 0
+
+
+def test_a_buffer_the_tier_may_still_hold_is_never_reused() -> None:
+    core = core_with()
+    assert core.put(b"a", b"aaaa") and core.put(b"b", b"bbbb")
+    (op,) = core.writes.next_batch(0)
+    core.writes.writes_applied(0, [op], [TimeoutError()])
+    core.writes.finished(0, [op], released=False)  # the call timed out on a thread
+    assert core.staging is not None and len(core.staging) == 0
+    assert core.put(b"c", b"cccc")
+    (op2,) = core.writes.next_batch(0)
+    assert isinstance(op.data, memoryview) and isinstance(op2.data, memoryview)
+    assert op2.data.obj is not op.data.obj and op.data == b"aaaa"
+
+
+def test_bytes_on_their_way_down_leave_the_engine_as_a_copy() -> None:
+    core = core_with()
+    assert core.put(b"a", b"aaaa") and core.put(b"b", b"bbbb")
+    (op,) = core.writes.next_batch(0)
+    got = core.coherence.down_copy(b"a")
+    assert type(got) is bytes and got == b"aaaa"
+    core.writes.writes_applied(0, [op], [None])
+    core.writes.finished(0, [op])
+    assert core.put(b"c", b"cccc")  # the buffer now holds b's bytes
+    assert got == b"aaaa"
+
+
+def test_a_buffer_still_served_from_memory_is_not_reused() -> None:
+    core = core_with(num_blocks=2)
+    assert core.put(b"a", b"aaaa") and core.put(b"b", b"bbbb") and core.put(b"c", b"cccc")
+    (op,) = core.writes.next_batch(0)  # a's write to the tier...
+    core.coherence.going_down(b"a", op.data or b"")
+    core.coherence.write_queued(0, b"a")  # ...while another write of a is still queued
+    core.writes.writes_applied(0, [op], [None])
+    core.writes.finished(0, [op])
+    assert core.coherence.demoting[b"a"] is op.data  # still served from memory
+    assert core.staging is not None and len(core.staging) == 0
+
+
+def test_a_first_tier_that_keeps_its_bytes_gets_bytes_of_their_own() -> None:
+    core = core_with(stage=False)
+    assert core.staging is None
+    assert core.put(b"a", b"aaaa") and core.put(b"b", b"bbbb")
+    (op,) = core.writes.next_batch(0)
+    assert type(op.data) is bytes and op.data == b"aaaa"
