@@ -224,8 +224,13 @@ class EngineCore:
         now = self.clock()
         if rs is not None:
             rs.defer(now)
-        else:
-            self.inflight.defer((k for k in keys if self.in_flight(k) is not None), now)
+            return
+        keys = list(keys)
+        index, state = self.table.index, self.table.state
+        flying = [k for k in keys if (s := index.get(k)) is not None and state[s] == PROMOTING]
+        if len(flying) < len(keys):  # a pending store's window, or settled meanwhile: ask each
+            flying = [k for k in keys if self.in_flight(k) is not None]
+        self.inflight.defer(flying, now)
 
     def add_sync_delay(self, rs: RequestState | None, seconds: float) -> None:
         if rs is not None:

@@ -14,7 +14,7 @@ Every settle goes through :meth:`InflightTable.settle`, so nothing stays RETRY f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from .requests import RequestState
 from .stats import StepStats
@@ -93,17 +93,20 @@ class InflightTable:
                     self._stats.observe("async_delay", now - d.start)
         self._holders.pop(k, None)
 
-    def settle_many(self, keys: Iterable[bytes], now: float) -> None:
-        """:meth:`settle` of each key (cheap when nobody waits)."""
-        if self._deferrals:
-            for k in keys:
-                self.settle(k, now)
-            return
-        waiters, holders = self._waiters, self._holders
+    def settle_many(self, keys: Sequence[bytes], now: float) -> None:
+        """:meth:`settle` of each key: one set operation per registry, not a call per key."""
+        waiters, deferrals, holders = self._waiters, self._deferrals, self._holders
         if waiters:
             for k in waiters.keys() & keys:
                 for wake in waiters.pop(k):
                     wake()
+        if deferrals:
+            observe = self._stats.observe
+            for k in deferrals.keys() & keys:
+                for d in deferrals.pop(k):
+                    d.remaining -= 1
+                    if d.remaining == 0:
+                        observe("async_delay", now - d.start)
         if holders:
             for k in holders.keys() & keys:
                 del holders[k]

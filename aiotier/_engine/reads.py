@@ -215,7 +215,8 @@ class TierReads:
                 core.inflight.add_waiter(k, waiter)
             waited = True
             try:
-                await asyncio.wait_for(fut, limit)
+                async with asyncio.timeout(limit):
+                    await fut
             except TimeoutError:
                 pass  # still in flight, or a store's RETRY window ran out: asked again
             finally:
