@@ -1,12 +1,15 @@
-"""Shared test helpers: wait for a condition with a deadline instead of sleeping."""
+"""Shared test helpers: wait for a condition with a deadline instead of sleeping; checks every
+tier must pass."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 
 from aiotier import MemoryTier
+from aiotier.tiers.base import SecondaryTier
 
 
 async def eventually(cond: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
@@ -47,3 +50,19 @@ async def seeded(n: int, name: str = "memory", capacity: int = 1 << 20) -> Memor
     for i in range(n):
         await tier.write(b"k%d" % i, block(i))
     return tier
+
+
+async def check_written_views_may_be_reused(tier: SecondaryTier, n: int = 3) -> None:
+    """A tier keeps no reference to a written view once ``write_many`` returned: the engine
+    reuses the buffers it demotes from. Each block reads back as written after its buffer was
+    overwritten."""
+    staging = [bytearray(os.urandom(4096)) for _ in range(n)]
+    want = [bytes(b) for b in staging]
+    items = [(f"reused-{i}".encode(), memoryview(b)) for i, b in enumerate(staging)]
+    assert await tier.write_many(items) == [None] * n
+    for b in staging:
+        b[:] = bytes(len(b))
+    for (key, _), data in zip(items, want, strict=True):
+        buf = memoryview(bytearray(8192))
+        got = await tier.read_into(key, buf)
+        assert bytes(buf[:got]) == data

@@ -4,13 +4,13 @@ hostile keys, corruption, immutable keys, the concurrency bound, retries and dea
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import obstore
 import pytest
+from helpers import check_written_views_may_be_reused
 from seaweedfs_fixtures import (
     ACCESS_KEY,
     READER_KEY,
@@ -97,13 +97,7 @@ async def test_a_new_tier_reads_exactly_what_another_wrote(
 
 
 async def test_a_written_view_s_buffer_may_be_reused_at_once(tier: ObjectStoreTier) -> None:
-    # the engine reuses the buffers it demotes from: a tier keeps no reference to them
-    staging = bytearray(os.urandom(4096))
-    want = bytes(staging)
-    assert await tier.write_many([(b"v", memoryview(staging))]) == [None]
-    staging[:] = bytes(4096)
-    b = buf()
-    assert await tier.read_into(b"v", b) == 4096 and bytes(b[:4096]) == want
+    await check_written_views_may_be_reused(tier)
 
 
 async def test_objects_are_frames_named_by_a_hash_of_the_key_under_the_prefix(

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as redis_asyncio
+from helpers import check_written_views_may_be_reused
 from redis.asyncio.connection import AbstractConnection
 from redis_fixtures import RedisServer, RedisServerFactory
 
@@ -70,13 +71,7 @@ async def test_write_then_read_returns_the_same_bytes(tier: RedisTier, size: int
 
 
 async def test_a_written_view_s_buffer_may_be_reused_at_once(tier: RedisTier) -> None:
-    # the engine reuses the buffers it demotes from: a tier keeps no reference to them
-    staging = bytearray(os.urandom(4096))
-    want = bytes(staging)
-    assert await tier.write_many([(b"v", memoryview(staging))]) == [None]
-    staging[:] = bytes(4096)
-    b = buf()
-    assert await tier.read_into(b"v", b) == 4096 and bytes(b[:4096]) == want
+    await check_written_views_may_be_reused(tier)
 
 
 async def test_absent_key_is_miss_and_minus_one(tier: RedisTier) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from blockbuster import blockbuster_ctx
+from helpers import check_written_views_may_be_reused
 
 from aiotier._types import LookupResult
 from aiotier.errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
@@ -124,14 +125,7 @@ def _runner(tier: SSDTier) -> HopRunner:
 
 
 async def test_a_written_view_s_buffer_may_be_reused_at_once(tier: SSDTier) -> None:
-    # the engine reuses the buffers it demotes from: a tier keeps no reference to them
-    staging = [bytearray(os.urandom(5000)) for _ in range(3)]
-    want = [bytes(s) for s in staging]
-    items = [(f"v{i}".encode(), memoryview(s)) for i, s in enumerate(staging)]
-    assert await tier.write_many(items) == [None] * 3
-    for s in staging:
-        s[:] = bytes(5000)
-    assert [await read(tier, k) for k, _ in items] == want
+    await check_written_views_may_be_reused(tier)
 
 
 async def test_write_then_read_returns_the_same_bytes(tier: SSDTier) -> None:

@@ -53,23 +53,24 @@ def _verify(head: bytearray, key: bytes, seq: int, view: memoryview, got: int) -
     return check_slot(head, key, seq, view)
 
 
-def _write_each(
-    fds: list[int], write: Callable[[int], object], fsync: bool
+def _write_runs(
+    fds: list[int], runs: list[list[int]], write: Callable[[list[int]], object], fsync: bool
 ) -> list[OSError | None]:
-    """``write(i)`` for each of the op's slots, then with ``fsync`` one ``fdatasync`` per file
-    written (a file that fails to sync fails each of its writes): per slot the ``OSError`` or
-    None. The CPU is yielded between two writes (see the module doc)."""
+    """``write(run)`` for each run of the op's slots (one file each), then with ``fsync`` one
+    ``fdatasync`` per file written (a file that fails to sync fails each of its writes): per
+    slot the ``OSError`` or None. The CPU is yielded between two runs (see the module doc)."""
     errors: list[OSError | None] = [None] * len(fds)
     touched: dict[int, list[int]] = {}
-    for i, fd in enumerate(fds):
-        if i:
+    for n, run in enumerate(runs):
+        if n:
             yield_cpu()
         try:
-            write(i)
+            write(run)
         except OSError as exc:
-            errors[i] = exc
+            for i in run:
+                errors[i] = exc
             continue
-        touched.setdefault(fd, []).append(i)
+        touched.setdefault(fds[run[0]], []).extend(run)
     if fsync:
         for fd, written in touched.items():
             try:
@@ -274,25 +275,11 @@ class SlotWrites(SlotOp):
         for i, victim in enumerate(self.victims):
             if victim is not None:
                 handed[i] = read_slot(fds[i], offsets[i], *victim)
-        errors: list[OSError | None] = [None] * len(fds)
-        touched: dict[int, list[int]] = {}
-        for run in self._runs():
-            fd = fds[run[0]]
-            try:
-                pwrite_all(fd, self._chunks(run), offsets[run[0]])
-            except OSError as exc:
-                for i in run:
-                    errors[i] = exc
-                continue
-            touched.setdefault(fd, []).extend(run)
-        if self.fsync:
-            for fd, written in touched.items():
-                try:
-                    os.fdatasync(fd)
-                except OSError as exc:
-                    for i in written:
-                        errors[i] = exc
-        return handed, errors
+        return handed, _write_runs(fds, self._runs(), self._write_run, self.fsync)
+
+    def _write_run(self, run: list[int]) -> None:
+        first = run[0]
+        pwrite_all(self.fds[first], self._chunks(run), self.offsets[first])
 
     def _runs(self) -> list[list[int]]:
         """The op's blocks in runs of adjacent slots of one file, each written at once."""
@@ -343,4 +330,7 @@ class SlotClears(SlotOp):
 
     def start(self, nowait: NowaitProbe) -> list[OSError | None]:
         fds, offsets = self.fds, self.offsets
-        return _write_each(fds, lambda i: os.pwrite(fds[i], CLEARED, offsets[i]), self.fsync)
+        def clear(run: list[int]) -> None:
+            os.pwrite(fds[run[0]], CLEARED, offsets[run[0]])
+
+        return _write_runs(fds, [[i] for i in range(len(fds))], clear, self.fsync)
