@@ -172,8 +172,8 @@ class Writers:
 
     async def _write(self, ti: int, batch: list[WriteOp]) -> bool:
         """Write ``batch`` to tier ``ti``; whether the tier holds none of its bytes now (its
-        call returned or was never made: a call cut short by the timeout may still be using
-        them, on a thread)."""
+        call ended, returning or raising, or was never made: a call cut short by the timeout
+        may still be using them, on a thread)."""
         tier = self._tiers[ti]
         items = [(op.key, op.data or b"") for op in batch]
         called = returned = False
@@ -181,7 +181,13 @@ class Writers:
         async def call() -> list[Exception | None]:
             nonlocal called, returned
             called = True
-            answers = await tier.write_many(items)
+            try:
+                answers = await tier.write_many(items)
+            except asyncio.CancelledError:
+                raise  # cut short by the timeout: a thread may still be reading the buffers
+            except BaseException:
+                returned = True  # ended on its own, by raising
+                raise
             returned = True
             return answers
 

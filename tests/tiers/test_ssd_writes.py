@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from aiotier import SSDTier
+from aiotier.tiers._ssd.layout import Geometry
 from aiotier.tiers._ssd.ops import SlotWrites, read_slot
 from aiotier.tiers._ssd.syscalls import NowaitProbe
 
@@ -62,3 +64,16 @@ def test_a_slot_rewritten_replaces_its_header_first(tmp_path: Path) -> None:
         assert read_slot(fd, SLOT, b"next", 2, 7000) == b"n" * 7000
     finally:
         os.close(fd)
+
+
+async def test_a_batch_of_short_blocks_in_large_slots_is_written_whole(tmp_path: Path) -> None:
+    # 2 MiB slots, 1000-byte blocks: each slot's unused end is longer than one run of zeros,
+    # so the writes may not all go in one pwritev (it would pass IOV_MAX and fail them all)
+    bs = 2 << 20
+    async with SSDTier(tmp_path / "ssd", 64 * Geometry.slot_size_for(bs), block_size=bs,
+                       io_threads=2) as tier:  # fmt: skip
+        items = [(b"k%03d" % i, bytes([i]) * 1000) for i in range(64)]  # 32 slots per thread
+        assert await tier.write_many(items) == [None] * len(items)
+        for key, data in items:
+            buf = memoryview(bytearray(bs))
+            assert buf[: await tier.read_into(key, buf)] == data

@@ -33,9 +33,11 @@ __all__ = ["SlotClears", "SlotOp", "SlotReads", "SlotWrites", "read_slot"]
 
 #: Cold reads this close together are advised as one range (the bytes between are few).
 _MERGE_GAP = 64 << 10
-#: Most adjacent slots written by one ``pwritev`` (at most 3 buffers each; ``IOV_MAX`` is 1024).
+#: Most adjacent slots written by one ``pwritev``: 3 buffers each at most (header, payload, one
+#: run of zeros), well under ``IOV_MAX`` (1024 on Linux).
 _RUN_MAX = 128
-#: Written over the unused end of a slot between two others written at once.
+#: Written over the unused end of a slot followed by another in the same ``pwritev``; a slot
+#: with a longer unused end ends its run instead.
 _ZEROS = memoryview(bytes(64 << 10))
 
 
@@ -227,11 +229,11 @@ class SlotWrites(SlotOp):
     touched (a group commit).
 
     Victims' bytes are read first when they go to the tier below. Then each run of adjacent
-    slots is one ``pwritev``: per slot its header, its payload, zeros over the rest of the slot.
-    The header comes first, so a victim's header is the first thing overwritten; a process
-    killed mid-write leaves a slot whose header or payload checksum fails (a read, or the
-    start-up scan for a key found twice, treats it as free; ``docs/ssd.md``). The outcome is
-    ``(handed, errors)``: per block the victim's payload (or None) and the exception (or None).
+    slots is one ``pwritev`` (:meth:`_runs`, :meth:`_chunks`). The header comes first, so a
+    victim's header is the first thing overwritten; a process killed mid-write leaves a slot
+    whose header or payload checksum fails (a read, or the start-up scan for a key found twice,
+    treats it as free; ``docs/ssd.md``). The outcome is ``(handed, errors)``: per block the
+    victim's payload (or None) and the exception (or None).
     """
 
     __slots__ = ("datas", "fsync", "keys", "seqs", "slot_size", "tags", "victims")
@@ -282,33 +284,35 @@ class SlotWrites(SlotOp):
         pwrite_all(self.fds[first], self._chunks(run), self.offsets[first])
 
     def _runs(self) -> list[list[int]]:
-        """The op's blocks in runs of adjacent slots of one file, each written at once."""
+        """The op's blocks in runs of adjacent slots of one file, each written at once. A run
+        goes on past a slot only when that slot's unused end is at most :data:`_ZEROS` long."""
         fds, offsets, stride = self.fds, self.offsets, self.slot_size
         runs: list[list[int]] = []
-        at, fd = -1, -1
+        at, fd, joinable = -1, -1, False
         for i in sorted(range(len(fds)), key=lambda i: (fds[i], offsets[i])):
-            if runs and fds[i] == fd and offsets[i] == at + stride and len(runs[-1]) < _RUN_MAX:
+            if joinable and fds[i] == fd and offsets[i] == at + stride:
                 runs[-1].append(i)
             else:
                 runs.append([i])
             fd, at = fds[i], offsets[i]
+            joinable = self._tail(i) <= _ZEROS.nbytes and len(runs[-1]) < _RUN_MAX
         return runs
 
+    def _tail(self, i: int) -> int:
+        """Bytes of block ``i``'s slot after its header and payload."""
+        return self.slot_size - HEAD_SIZE - len(self.keys[i]) - self.datas[i].nbytes
+
     def _chunks(self, run: list[int]) -> list[memoryview]:
-        """What one ``pwritev`` writes for ``run``: per slot its header then its payload, and
-        but for the last slot zeros over the rest of the slot (a short block's tail)."""
-        datas, keys, seqs, stride = self.datas, self.keys, self.seqs, self.slot_size
+        """What one ``pwritev`` writes for ``run``: per slot its header and its payload, and
+        zeros over the unused end of every slot but the last."""
+        datas, keys, seqs = self.datas, self.keys, self.seqs
         chunks: list[memoryview] = []
-        last = run[-1]
         for i in run:
             data = datas[i]
-            head = encode_head(keys[i], seqs[i], data)
-            chunks.append(memoryview(head))
+            chunks.append(memoryview(encode_head(keys[i], seqs[i], data)))
             chunks.append(data)
-            tail = stride - len(head) - data.nbytes
-            while i != last and tail > 0:
-                chunks.append(_ZEROS[: min(tail, _ZEROS.nbytes)])
-                tail -= _ZEROS.nbytes
+            if i != run[-1] and (tail := self._tail(i)):
+                chunks.append(_ZEROS[:tail])
         return chunks
 
 
