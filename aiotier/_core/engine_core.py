@@ -481,7 +481,8 @@ class EngineCore:
     # -- the step boundary -----------------------------------------------------------------------
 
     def end_step(self, new: Iterable[str], finished: Iterable[str]) -> None:
-        """Observe delays, release finished requests and expired pins, expire store windows."""
+        """Observe delays, release finished requests and expired pins, expire store windows,
+        let staging buffers the step did not need go."""
         now = self.clock()
         delays = self.requests.step(new, finished, now)
         observe = self.stats.observe
@@ -503,6 +504,8 @@ class EngineCore:
                     if k is not None:
                         self.inflight.settle(k, now)
         self.coherence.prune_backoff()
+        if self.staging is not None:
+            self.staging.trim()
 
     def release_request(self, rs: RequestState) -> None:
         """A finished request lets go of everything it held; its pending stores are aborted."""

@@ -97,3 +97,31 @@ def test_a_first_tier_that_keeps_its_bytes_gets_bytes_of_their_own() -> None:
     assert core.put(b"a", b"aaaa") and core.put(b"b", b"bbbb")
     (op,) = core.writes.next_batch(0)
     assert type(op.data) is bytes and op.data == b"aaaa"
+
+
+def test_a_step_boundary_lets_half_the_buffers_the_step_did_not_use_go() -> None:
+    pool = StagingBuffers(4, max_free=16)
+    views = [pool.copy(memoryview(b"x")) for _ in range(9)]
+    for v in views:
+        pool.release(v)
+    pool.trim()  # nine copies this step: all nine kept
+    assert len(pool) == 9
+    pool.release(pool.copy(memoryview(b"y")))
+    pool.trim()  # one copy this step: 8 beyond it, half of them go
+    assert len(pool) == 5
+    for expected in (2, 1, 0, 0):  # idle steps: the memory goes back
+        pool.trim()
+        assert len(pool) == expected
+
+
+def test_end_step_trims_the_engine_s_staging_buffers() -> None:
+    core = core_with()
+    assert core.put(b"a", b"aaaa") and core.put(b"b", b"bbbb")
+    (op,) = core.writes.next_batch(0)
+    core.writes.writes_applied(0, [op], [None])
+    core.writes.finished(0, [op])
+    assert core.staging is not None and len(core.staging) == 1
+    core.end_step((), ())  # the step copied one block: its buffer stays
+    assert len(core.staging) == 1
+    core.end_step((), ())  # nothing copied since: let go
+    assert len(core.staging) == 0
