@@ -8,7 +8,7 @@ import os
 import time
 from collections.abc import Callable
 
-from aiotier import MemoryTier
+from aiotier import LookupResult, MemoryTier, TierUsage
 from aiotier.tiers.base import SecondaryTier
 
 
@@ -50,6 +50,34 @@ async def seeded(n: int, name: str = "memory", capacity: int = 1 << 20) -> Memor
     for i in range(n):
         await tier.write(b"k%d" % i, block(i))
     return tier
+
+
+class DictTier(SecondaryTier):
+    """The smallest user-written tier: a dict of bytes, the five required methods, no
+    ``clear`` or batched forms of its own."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.data: dict[bytes, bytes] = {}
+
+    async def lookup(self, key: bytes) -> LookupResult:
+        return LookupResult.HIT if key in self.data else LookupResult.MISS
+
+    async def read_into(self, key: bytes, buf: memoryview) -> int:
+        data = self.data.get(key)
+        if data is None:
+            return -1
+        buf[: len(data)] = data
+        return len(data)
+
+    async def write(self, key: bytes, data: bytes | memoryview) -> None:
+        self.data[key] = bytes(data)
+
+    async def remove(self, key: bytes) -> bool:
+        return self.data.pop(key, None) is not None
+
+    def usage(self) -> TierUsage:
+        return TierUsage(len(self.data), sum(map(len, self.data.values())), None)
 
 
 async def check_written_views_may_be_reused(tier: SecondaryTier, n: int = 3) -> None:

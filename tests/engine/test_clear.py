@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Sequence
 
 import pytest
-from helpers import block, eventually, seeded
+from helpers import DictTier, block, eventually, seeded
 
 from aiotier import (
     ConfigError,
@@ -16,10 +16,8 @@ from aiotier import (
     MemoryTier,
     PrimaryTier,
     RequestContext,
-    SecondaryTier,
     TieringEngine,
     TieringError,
-    TierUsage,
 )
 from aiotier.testing import FaultyTier
 
@@ -54,31 +52,11 @@ async def test_nothing_stored_before_a_clear_is_found_after_it() -> None:
         assert await e.get("n0") == block(10)  # promoted from m1
 
 
-class NoClear(SecondaryTier):
+class NoClear(DictTier):
     """A user's tier without ``clear``."""
 
     def __init__(self) -> None:
         super().__init__("noclear")
-        self.data: dict[bytes, bytes] = {}
-
-    async def lookup(self, key: bytes) -> LookupResult:
-        return HIT if key in self.data else MISS
-
-    async def read_into(self, key: bytes, buf: memoryview) -> int:
-        data = self.data.get(key)
-        if data is None:
-            return -1
-        buf[: len(data)] = data
-        return len(data)
-
-    async def write(self, key: bytes, data: bytes | memoryview) -> None:
-        self.data[key] = bytes(data)
-
-    async def remove(self, key: bytes) -> bool:
-        return self.data.pop(key, None) is not None
-
-    def usage(self) -> TierUsage:
-        return TierUsage(len(self.data), sum(map(len, self.data.values())), None)
 
 
 async def test_a_tier_that_cannot_clear_is_refused_before_anything_changes() -> None:

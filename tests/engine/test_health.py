@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
-from helpers import FakeClock, block, eventually
+from helpers import DictTier, FakeClock, block, eventually
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -18,21 +18,18 @@ from aiotier import (
     LookupResult,
     MemoryTier,
     PrimaryTier,
-    SecondaryTier,
     TieringEngine,
-    TierUsage,
 )
 from aiotier.testing import FaultyTier, MetricsProbe
 
 HIT, MISS, RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY
 
 
-class RemoteTier(SecondaryTier):
+class RemoteTier(DictTier):
     """A user-written tier whose backend can go away: every call raises while ``down``."""
 
     def __init__(self) -> None:
         super().__init__("remote")
-        self.data: dict[bytes, bytes] = {}
         self.down = False
         self.calls: Counter[str] = Counter()
 
@@ -43,26 +40,19 @@ class RemoteTier(SecondaryTier):
 
     async def lookup(self, key: bytes) -> LookupResult:
         self._call("lookup")
-        return HIT if key in self.data else MISS
+        return await super().lookup(key)
 
     async def read_into(self, key: bytes, buf: memoryview) -> int:
         self._call("read")
-        data = self.data.get(key)
-        if data is None:
-            return -1
-        buf[: len(data)] = data
-        return len(data)
+        return await super().read_into(key, buf)
 
     async def write(self, key: bytes, data: bytes | memoryview) -> None:
         self._call("write")
-        self.data[key] = bytes(data)
+        await super().write(key, data)
 
     async def remove(self, key: bytes) -> bool:
         self._call("remove")
-        return self.data.pop(key, None) is not None
-
-    def usage(self) -> TierUsage:
-        return TierUsage(len(self.data), sum(map(len, self.data.values())), None)
+        return await super().remove(key)
 
 
 def remote_engine(
