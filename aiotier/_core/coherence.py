@@ -123,6 +123,15 @@ class Coherence:
         out: set[bytes] = set()
         if not self.readable_tier(ti):
             return out
+        if not removing and not stale:
+            try:
+                held = list(map(hint, keys))
+            except Exception:
+                pass  # counted below, key by key
+            else:
+                if False not in held:
+                    return set(keys)
+                return {k for k, h in zip(keys, held, strict=True) if h is not False}
         for k in keys:
             if k in removing or k in stale:
                 continue

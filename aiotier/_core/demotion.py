@@ -44,6 +44,8 @@ class Demotions:
             # a clean block's bytes are in the first tier already, unless a remove of them
             # is queued there or the tier lost them
             kept = core.coherence.kept(0, [k for k, _, is_clean in evicted if is_clean])
+            if len(kept) == len(evicted):
+                return keys  # every one is in the first tier already
             demote, staging = core.writes.demote, core.staging
             if staging is None:
                 read = core.arena.read

@@ -86,7 +86,9 @@ class EngineCore:
         self.totals = TotalStats()
         self.events: deque[BlockEvent] = deque(maxlen=MAX_EVENTS)
         self.requests = RequestBook()
-        share = PromotionShare(math.ceil(max_promotion_share * arena.num_blocks))
+        share = PromotionShare(
+            math.ceil(max_promotion_share * arena.num_blocks), arena.num_blocks
+        )
         self.pins = PinLedger(table, pin_steps, share)
         self.inflight = InflightTable(self.stats)
         self.coherence = Coherence(self.tier_names, hints, self.stats, clock, backoff_seconds)

@@ -27,30 +27,41 @@ class PromotionShare:
     while its read is in flight or a RETRY pin holds it (one count per reason), so promotions
     for queued requests cannot fill the slots the running requests store into."""
 
-    __slots__ = ("_held", "limit")
+    __slots__ = ("_count", "_held", "limit")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, num_slots: int) -> None:
         self.limit = limit
-        self._held: Counter[int] = Counter()
+        self._count = [0] * num_slots  # per slot: how many reasons hold it
+        self._held = 0  # slots with at least one
 
     def __len__(self) -> int:
-        return len(self._held)
+        return self._held
 
     def room(self) -> int:
         """How many more promoted blocks fit."""
-        return max(self.limit - len(self._held), 0)
+        return max(self.limit - self._held, 0)
 
     def take(self, slots: Iterable[int]) -> None:
-        self._held.update(slots)
+        count = self._count
+        fresh = 0
+        for slot in slots:
+            n = count[slot]
+            if not n:
+                fresh += 1
+            count[slot] = n + 1
+        self._held += fresh
 
     def give_back(self, slots: Iterable[int]) -> None:
-        held = self._held
+        """One reason per slot lets go (a slot no reason holds is left as it is)."""
+        count = self._count
+        gone = 0
         for slot in slots:
-            n = held[slot] - 1
-            if n > 0:
-                held[slot] = n
-            else:
-                held.pop(slot, None)
+            n = count[slot]
+            if n == 1:
+                gone += 1
+            if n:
+                count[slot] = n - 1
+        self._held -= gone
 
 
 class PinLedger:
@@ -78,6 +89,12 @@ class PinLedger:
         pins = self._table.pins
         if rs is None:
             anon = self._anon_retry
+            if anon.keys().isdisjoint(keys) and len(set(slots)) == len(slots):
+                anon.update(zip(keys, slots, strict=True))  # the usual case: all new
+                for slot in slots:
+                    pins[slot] += 1
+                self.share.take(slots)
+                return False
             taken = []
             for k, slot in zip(keys, slots, strict=True):
                 if k not in anon:
@@ -130,11 +147,11 @@ class PinLedger:
             for k, slot in zip(keys, slots, strict=True):
                 if rs.promo_pins.get(k) == slot:
                     self.release_retry(rs, k)
-        unpin = self._table.unpin
-        for slot in self._anon_retry.values():
-            unpin(slot)
-        self.share.give_back(self._anon_retry.values())
-        self._anon_retry.clear()
+        anon = self._anon_retry
+        if anon:
+            self._table.unpin_many(anon.values())
+            self.share.give_back(anon.values())
+            anon.clear()
 
     # -- load pins -----------------------------------------------------------------------------
 

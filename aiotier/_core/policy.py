@@ -141,12 +141,13 @@ class LRUPolicy(EvictionPolicy):
         nxt, prv, nil = self._next, self._prev, self._nil
         # the common case: the n least recent are all evictable, a run cut out whole
         run: list[int] = []
+        take = run.append
         cur = nxt[s]
-        while cur != s and len(run) < n:
-            run.append(cur)
+        for _ in range(n):
+            if cur == s:
+                return None  # fewer than n resident
+            take(cur)
             cur = nxt[cur]
-        if len(run) < n:
-            return None
         if n and _all_evictable(evictable, run):
             nxt[s] = cur
             prv[cur] = s

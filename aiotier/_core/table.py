@@ -122,8 +122,9 @@ class BlockTable:
             victims = self.policy.evict(need, self._evictable_except(protected))
             if victims is None:
                 return None
-            evicted = [(owners[s], s, clean[s] == 1) for s in victims]  # type: ignore[misc]
-            for k, _, _ in evicted:
+            gone = gather(owners, victims)
+            evicted = list(zip(gone, victims, map(bool, gather(clean, victims)), strict=True))
+            for k in gone:
                 del index[k]
             free += victims  # each victim is reused below: it is never seen free
         if not n:
@@ -133,9 +134,10 @@ class BlockTable:
         slots.reverse()
         del free[-n:]
         index.update(zip(keys, slots, strict=True))
+        st = int(state)
         for k, s in zip(keys, slots, strict=True):
             owners[s] = k
-            states[s] = state
+            states[s] = st
             clean[s] = 0
         self.policy.insert_many(slots, keys)
         return slots, evicted
@@ -166,11 +168,13 @@ class BlockTable:
     def promoted(self, slots: list[int], *, clean: bool) -> None:
         """Promotion reads landed in ``slots``: READY, and each read's own pin released."""
         states, pins, flags = self.state, self.pins, self._clean
+        if gather(states, slots).count(PROMOTING) != len(slots):
+            slot = next(s for s in slots if states[s] != PROMOTING)
+            raise RuntimeError(f"slot {slot} is {SlotState(states[slot]).name}, not promoting")
         flag = 1 if clean else 0
+        ready = int(READY)
         for slot in slots:
-            if states[slot] != PROMOTING:
-                raise RuntimeError(f"slot {slot} is {SlotState(states[slot]).name}, not promoting")
-            states[slot] = READY
+            states[slot] = ready
             flags[slot] = flag
             pins[slot] -= 1
 

@@ -11,7 +11,6 @@ import asyncio
 import time
 from collections.abc import Sequence
 from functools import partial
-from typing import Any
 
 from .._core.engine_core import EngineCore
 from .._core.promotion import LookupScan, Outcome, PromotionBatch
@@ -127,49 +126,55 @@ class TierReads:
     async def _promote(self, ti: int) -> None:
         """Read the batches queued for tier ``ti`` straight into their reserved slots.
 
-        The read runs as its own future: past ``promotion_timeout`` the promotion gives up at
-        once, and the slots of keys it failed stay pinned until the read has really stopped.
+        This task is the read. Past ``promotion_timeout`` a timer gives the promotion up at
+        once (its keys turn into MISS) and cancels the task; the slots of those keys stay
+        pinned until the task has really ended, since the tier may still write into them.
         """
         batches = self._queued.pop(ti)
+        lock = self._guard.lock
         if not self._breakers.allow(ti):  # the circuit is open: the read fails unattempted
-            with self._guard.lock:
+            with lock:
                 self._core.promotions.completed(batches, Outcome.ERROR)
             return
         tier = self._tiers[ti]
         keys = [k for b in batches for k in b.keys] if len(batches) > 1 else batches[0].keys
         slots = [s for b in batches for s in b.slots] if len(batches) > 1 else batches[0].slots
         views = self._core.arena.slot_views(slots)  # the slots stay the read's: no lock needed
-        read = asyncio.ensure_future(tier.read_many_into(keys, views))
-        read.add_done_callback(_consume)
+        read = _Read(ti, batches)
+        task = asyncio.current_task()
+        assert task is not None
+        timer = asyncio.get_running_loop().call_later(self._timeout, self._give_up, read, task)
         outcome = Outcome.OK
         lengths: list[int | Exception] = []
         ok: bool | None = False
         try:
-            done, _ = await asyncio.wait({read}, timeout=self._timeout)
-            if not done:
-                outcome = Outcome.TIMEOUT
-            elif read.exception() is not None:
-                outcome = Outcome.ERROR
-            else:
-                lengths = read.result()
-                ok = answered(lengths)
+            lengths = await tier.read_many_into(keys, views)
+            ok = answered(lengths)
         except asyncio.CancelledError:
             outcome, ok = Outcome.CANCELLED, None
-            raise
+            if not read.given_up:
+                raise
+        except Exception:
+            outcome = Outcome.ERROR
         finally:
-            self._breakers.record(ti, ok)
-            if not read.done():
-                read.cancel()
-            with self._guard.lock:
-                held = self._core.promotions.completed(
-                    batches, outcome, lengths, read_stopped=read.done()
-                )
-            if held:
-                read.add_done_callback(partial(self._read_stopped, held))
+            timer.cancel()
+            with lock:
+                if read.given_up:  # settled by the timer: the read has stopped now
+                    self._core.promotions.release_read_pins(read.held)
+                else:
+                    self._core.promotions.completed(batches, outcome, lengths)
+            if not read.given_up:
+                self._breakers.record(ti, ok)
 
-    def _read_stopped(self, slots: list[int], _read: object) -> None:
+    def _give_up(self, read: _Read, task: asyncio.Task[None]) -> None:
+        """``promotion_timeout`` passed: every key of the read is a MISS now."""
+        read.given_up = True
+        self._breakers.record(read.tier, False)
         with self._guard.lock:
-            self._core.promotions.release_read_pins(slots)
+            read.held = self._core.promotions.completed(
+                read.batches, Outcome.TIMEOUT, read_stopped=False
+            )
+        task.cancel()
 
     async def wait(self, ks: Sequence[bytes], timeout: float | None) -> list[LookupResult]:
         """Await until none of ``ks`` is in flight; their settled HIT or MISS."""
@@ -214,23 +219,31 @@ class TierReads:
             with lock:
                 core.inflight.add_waiter(k, waiter)
             waited = True
+            # woken by the settle, or at the limit: then still in flight (asked again), or a
+            # store's RETRY window ran out
+            timer = loop.call_later(limit, _wake, fut)
             try:
-                async with asyncio.timeout(limit):
-                    await fut
-            except TimeoutError:
-                pass  # still in flight, or a store's RETRY window ran out: asked again
+                await fut
             finally:
+                timer.cancel()
                 with lock:
                     core.inflight.remove_waiter(k, waiter)
         return waited
+
+
+class _Read:
+    """One promotion read in flight: what the timer settled if it gave up first."""
+
+    __slots__ = ("batches", "given_up", "held", "tier")
+
+    def __init__(self, tier: int, batches: list[PromotionBatch]) -> None:
+        self.tier = tier
+        self.batches = batches
+        self.given_up = False
+        self.held: list[int] = []  # slots still pinned by the read the timer gave up on
 
 
 def _wake(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
 
-
-def _consume(fut: asyncio.Future[Any]) -> None:
-    """Mark a background call's exception as seen: the engine counted it already."""
-    if not fut.cancelled():
-        fut.exception()
