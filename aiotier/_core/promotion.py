@@ -331,7 +331,8 @@ class Promotions:
         keys = scan.asked_keys if positions is scan.asked else [ks[i] for i in positions]
         if (
             coherence.all_readable(ti)
-            and not any([k in index or k in demoting for k in keys])
+            and index.keys().isdisjoint(keys)
+            and demoting.keys().isdisjoint(keys)
             and len(set(keys)) == len(keys)
         ):
             return keys, positions

@@ -128,7 +128,8 @@ class TierReads:
 
         This task is the read. Past ``promotion_timeout`` a timer gives the promotion up at
         once (its keys turn into MISS) and cancels the task; the slots of those keys stay
-        pinned until the task has really ended, since the tier may still write into them.
+        pinned until the task has really ended, since the tier may still write into them. A
+        read that returns after ``aclose`` cancelled it is counted cancelled all the same.
         """
         batches = self._queued.pop(ti)
         lock = self._guard.lock
@@ -157,7 +158,10 @@ class TierReads:
         except Exception:
             outcome = Outcome.ERROR
         finally:
+            read.finished = True
             timer.cancel()
+            if outcome is Outcome.OK and not read.given_up and task.cancelling():
+                outcome, ok = Outcome.CANCELLED, None  # the tier swallowed aclose's cancel
             with lock:
                 if read.given_up:  # settled by the timer: the read has stopped now
                     self._core.promotions.release_read_pins(read.held)
@@ -167,7 +171,16 @@ class TierReads:
                 self._breakers.record(ti, ok)
 
     def _give_up(self, read: _Read, task: asyncio.Task[None]) -> None:
-        """``promotion_timeout`` passed: every key of the read is a MISS now."""
+        """``promotion_timeout`` passed: give the read up one loop turn later, unless it ends
+        first (after a busy stretch of the loop, a read that ended in time has its wake-up
+        queued in the turn that runs this timer)."""
+        asyncio.get_running_loop().call_soon(self._give_up_now, read, task)
+
+    def _give_up_now(self, read: _Read, task: asyncio.Task[None]) -> None:
+        """Every key of the read is a MISS now (unless it ended, or ``aclose`` cancelled it:
+        the task then settles it as cancelled)."""
+        if read.finished or task.cancelling():
+            return
         read.given_up = True
         self._breakers.record(read.tier, False)
         with self._guard.lock:
@@ -234,11 +247,12 @@ class TierReads:
 class _Read:
     """One promotion read in flight: what the timer settled if it gave up first."""
 
-    __slots__ = ("batches", "given_up", "held", "tier")
+    __slots__ = ("batches", "finished", "given_up", "held", "tier")
 
     def __init__(self, tier: int, batches: list[PromotionBatch]) -> None:
         self.tier = tier
         self.batches = batches
+        self.finished = False  # the tier's call returned, raised or was cancelled
         self.given_up = False
         self.held: list[int] = []  # slots still pinned by the read the timer gave up on
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Sequence
 
 import pytest
 from helpers import aiotier_tasks, block, eventually, seeded
 
 from aiotier import (
     BlockNotReadyError,
+    BreakerPolicy,
     ConfigError,
     LookupResult,
     MemoryTier,
@@ -102,6 +105,57 @@ async def test_promotion_timeout_becomes_miss() -> None:
         assert await e.lookup("k0", R1) is MISS
         assert counter(e, "promotions", "memory", "timeout") == 1
         await eventually(lambda: e.stats().pinned_blocks == 0)
+
+
+class _SlowReadTier(MemoryTier):
+    """A read that ends ``after`` seconds on; cancelled, it winds down for ``wind_down`` more."""
+
+    def __init__(self, after: float, wind_down: float = 0.0) -> None:
+        super().__init__(1 << 20)
+        self.after, self.wind_down = after, wind_down
+        self.log: list[str] = []
+
+    async def read_many_into(
+        self, keys: Sequence[bytes], bufs: Sequence[memoryview]
+    ) -> list[int | Exception]:
+        try:
+            await asyncio.sleep(self.after)
+        except asyncio.CancelledError:
+            await asyncio.sleep(self.wind_down)
+            self.log.append("wound down")
+            raise
+        return await super().read_many_into(keys, bufs)
+
+
+async def test_a_read_that_ended_in_time_lands_after_the_loop_was_busy_past_its_timeout() -> None:
+    tier = _SlowReadTier(after=0.05)
+    await tier.write(b"k", b"kkkk")
+    async with TieringEngine(PrimaryTier(2, 4), [tier], promotion_timeout=0.1) as e:
+        assert await e.lookup("k") is RETRY
+        await asyncio.sleep(0.01)  # the read is under way
+        time.sleep(0.2)  # noqa: ASYNC251 - the loop busy past the read's end and its timeout
+        assert await e.wait(["k"], timeout=5) == [HIT]
+        assert counter(e, "promotions", "memory", "ok") == 1
+        assert counter(e, "promotions", "memory", "timeout") == 0
+        assert counter(e, "tier_errors", "memory", "read") == 0
+
+
+async def test_aclose_during_a_read_counts_it_cancelled_and_lets_the_tier_wind_down() -> None:
+    tier = _SlowReadTier(after=10, wind_down=0.3)
+    await tier.write(b"k", b"kkkk")
+    e = TieringEngine(
+        PrimaryTier(2, 4), [tier], promotion_timeout=0.2, io_timeout=5.0,
+        breaker=BreakerPolicy(failure_threshold=1),
+    )  # fmt: skip
+    await e.open()
+    assert await e.lookup("k") is RETRY
+    await asyncio.sleep(0.05)
+    await e.aclose()  # the promotion's timeout passes while the tier winds down
+    assert tier.log == ["wound down"]  # not cut short by a second cancel
+    assert counter(e, "promotions", "memory", "cancelled") == 1
+    assert counter(e, "promotions", "memory", "timeout") == 0
+    assert counter(e, "tier_errors", "memory", "read") == 0
+    assert e.health()["memory"].breaker == "closed"
 
 
 @pytest.mark.parametrize("fault", ["fail", "hang"])
