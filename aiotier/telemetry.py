@@ -12,6 +12,9 @@ engine created with the provider it returns reports its tiers there (see
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
 import json
 import socket
 import threading
@@ -24,7 +27,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from opentelemetry import metrics
 from opentelemetry.context import Context
-from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
+from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 from opentelemetry.sdk.metrics import MeterProvider as SDKMeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader
 
@@ -88,6 +91,8 @@ class Telemetry:
         from . import __version__
 
         meter = provider.get_meter("aiotier", __version__)
+        self._observers = _observers_of(meter)
+        self._observers.add(self, gauges)
         self._instruments: dict[str, Any] = {}
         for m in METRICS:
             if m.kind is MetricKind.COUNTER:
@@ -102,17 +107,8 @@ class Telemetry:
                     explicit_bucket_boundaries_advisory=list(m.buckets or ()),
                 )
             else:
-                create = (
-                    meter.create_observable_gauge
-                    if m.kind is MetricKind.GAUGE
-                    else meter.create_observable_counter
-                )
-                inst = create(
-                    m.otel_name, callbacks=[self._observer(m.key, gauges[m.key])], unit=m.unit,
-                    description=m.description,
-                )
+                continue  # observed: the meter's SharedObservers report them
             self._instruments[m.key] = inst
-        self._attrs: dict[tuple[str, ...], dict[str, str] | None] = {}
         self._checks: HealthChecks | None = None
         self._health: HealthSource | None = None
         if health is not None and isinstance(provider, _ServingMeterProvider):
@@ -120,33 +116,16 @@ class Telemetry:
             self._checks.add(health)
 
     def detach(self) -> None:
-        """The engine closed: ``/readyz`` stops reporting it."""
+        """The engine closed: its gauges and ``/readyz`` stop reporting it."""
+        self._observers.remove(self)
         if self._checks is not None and self._health is not None:
             self._checks.remove(self._health)
             self._checks = self._health = None
 
-    def _labels(self, key: tuple[str, ...]) -> dict[str, str] | None:
-        """Attribute dicts by ``(metric key, *label values)``, cached: label sets repeat."""
-        try:
-            return self._attrs[key]
-        except KeyError:
-            names = metric(key[0]).labels
-            attrs = dict(zip(names, key[1:], strict=True)) if names else None
-            self._attrs[key] = attrs
-            return attrs
-
-    def _observer(
-        self, key: str, source: GaugeSource
-    ) -> Callable[[CallbackOptions], Iterable[Observation]]:
-        def observe(options: CallbackOptions) -> Iterable[Observation]:
-            return [Observation(value, self._labels((key, *labels))) for labels, value in source()]
-
-        return observe
-
     def flush(self, step: StepSnapshot) -> None:
         """One ``add`` per counter and label set, one ``record`` per sample."""
         instruments = self._instruments
-        labels = self._labels
+        labels = _attributes
         ctx = _NO_CONTEXT
         for key, values in step.samples.items():
             record = instruments[key[0]].record
@@ -194,6 +173,100 @@ class HealthChecks:
         if exclude:
             doc["excluded"] = sorted(exclude)
         return ready, doc
+
+
+@functools.lru_cache(maxsize=4096)
+def _attributes(key: tuple[str, ...]) -> dict[str, str] | None:
+    """The attributes of ``(metric key, *label values)``, cached: label sets repeat (tier
+    names, results, outcomes). The SDK only reads them."""
+    names = metric(key[0]).labels
+    return dict(zip(names, key[1:], strict=True)) if names else None
+
+
+class SharedObservers:
+    """The observed instruments of one meter (read when metrics are collected), shared by every
+    engine that uses the meter.
+
+    The SDK keeps one callback per instrument name: registered by each engine, a second engine
+    on the same provider would report none of its values, and a closed one would go on
+    reporting (and stay alive). Engines add their sources here and remove them when they
+    close; each instrument's one callback reports every open engine's values, combining a label
+    set that several report by the row's ``combine`` (bytes and counts add up; a breaker state
+    reports the worst). Sources are held weakly: an engine dropped without closing stops
+    reporting when it is collected.
+    """
+
+    def __init__(self, meter: Meter) -> None:
+        self._lock = threading.Lock()  # engines come and go on loops; readers collect in threads
+        self._sources: weakref.WeakKeyDictionary[object, dict[str, Callable[[], Any]]] = (
+            weakref.WeakKeyDictionary()
+        )
+        for m in METRICS:
+            if m.kind is MetricKind.GAUGE:
+                create: Any = meter.create_observable_gauge
+            elif m.kind is MetricKind.OBSERVED_COUNTER:
+                create = meter.create_observable_counter
+            else:
+                continue
+            create(
+                m.otel_name, callbacks=[functools.partial(self._observe, m)], unit=m.unit,
+                description=m.description,
+            )  # fmt: skip
+
+    def add(self, owner: object, sources: Mapping[str, GaugeSource]) -> None:
+        """``owner`` reports each observed row from its source until :meth:`remove`."""
+        refs = {key: _weakly(source) for key, source in sources.items()}
+        with self._lock:
+            self._sources[owner] = refs
+
+    def remove(self, owner: object) -> None:
+        with self._lock:
+            self._sources.pop(owner, None)
+
+    def _observe(self, m: MetricDef, options: CallbackOptions) -> list[Observation]:
+        with self._lock:
+            refs = [r[m.key] for r in self._sources.values() if m.key in r]
+        merged: dict[tuple[str, ...], int] = {}
+        for ref in refs:
+            source = ref()
+            if source is None:
+                continue  # its engine is gone
+            try:
+                values = list(source())
+            except Exception:
+                continue  # one engine's failing source leaves the others' values
+            for labels, value in values:
+                old = merged.get(labels)
+                merged[labels] = (
+                    value if old is None else max(old, value) if m.combine == "max" else old + value
+                )
+        return [
+            Observation(value, _attributes((m.key, *labels))) for labels, value in merged.items()
+        ]
+
+
+def _weakly(source: GaugeSource) -> Callable[[], GaugeSource | None]:
+    """A reference to ``source`` that does not keep its engine alive (a bound method's)."""
+    if inspect.ismethod(source):
+        return weakref.WeakMethod(source)
+    return lambda: source
+
+
+_OBSERVERS = "_aiotier_observers"
+_OBSERVERS_LOCK = threading.Lock()
+
+
+def _observers_of(meter: Meter) -> SharedObservers:
+    """The meter's :class:`SharedObservers`, created with its first engine. It lives on the
+    meter, so exactly as long: a table keyed by meter would keep it alive (its instruments
+    reference the provider, which holds the meter)."""
+    with _OBSERVERS_LOCK:
+        shared = getattr(meter, _OBSERVERS, None)
+        if not isinstance(shared, SharedObservers):
+            shared = SharedObservers(meter)
+            with contextlib.suppress(AttributeError):  # a meter that takes no attribute
+                setattr(meter, _OBSERVERS, shared)  # reports this engine's alone
+        return shared
 
 
 class _ServingMeterProvider(SDKMeterProvider):

@@ -36,6 +36,9 @@ class MetricDef:
     labels: tuple[str, ...]
     description: str
     buckets: tuple[float, ...] | None = None
+    #: How an observed row combines the values several engines on one meter report for the
+    #: same labels: "sum" (bytes held, counts) or "max" (a state, worst first).
+    combine: str = "sum"
 
 
 SYNC_DELAY_BUCKETS = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1.0)
@@ -94,7 +97,7 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("tier_breaker_state", "aiotier.tier_breaker_state", "aiotier_tier_breaker_state",
               _G, "1", ("tier",),
               "The engine's circuit breaker for each secondary tier: 0 closed, 1 half-open (a "
-              "probe call is on its way), 2 open (calls are skipped)."),
+              "probe call is on its way), 2 open (calls are skipped).", combine="max"),
     MetricDef("tier_events", "aiotier.tier_events", "aiotier_tier_events_total", _OC, "1",
               ("tier", "event"),
               "What happened inside a tier that the engine cannot see, as the tier counts it "

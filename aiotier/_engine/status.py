@@ -78,7 +78,8 @@ class TierHealth:
 class EngineStatus:
     """Builds an engine's snapshots; the engine's ``stats()`` and ``health()`` delegate here."""
 
-    __slots__ = ("_breakers", "_core", "_guard", "_is_open", "_primary", "_tiers")
+    # weakly referable: the meter's gauges read it without keeping the engine alive
+    __slots__ = ("__weakref__", "_breakers", "_core", "_guard", "_is_open", "_primary", "_tiers")
 
     def __init__(
         self,

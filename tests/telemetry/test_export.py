@@ -123,7 +123,7 @@ async def test_otlp_export_reaches_a_local_sink(otlp_sink: tuple[str, list[bytes
     provider = start_otlp_exporter(url, interval_seconds=3600)
     async with TieringEngine(PrimaryTier(2, 8), await tiers(), meter_provider=provider) as e:
         await drive(e)
-    await asyncio.to_thread(provider.force_flush)
+        await asyncio.to_thread(provider.force_flush)  # gauges: read while the engine is open
     await asyncio.to_thread(provider.shutdown)
     assert received
     names = set()

@@ -1,0 +1,83 @@
+"""Several engines on one MeterProvider: each engine's gauges and tier counters are reported,
+a label set they share is combined, and an engine stops reporting once it closes or is gone."""
+
+from __future__ import annotations
+
+import gc
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from aiotier import BreakerPolicy, MemoryTier, PrimaryTier, TieringEngine
+from aiotier.testing import FaultyTier
+
+
+def observed(reader: InMemoryMetricReader, name: str) -> dict[tuple[str, ...], float]:
+    """``name``'s points of one collection, by their attribute values."""
+    data = reader.get_metrics_data()
+    out: dict[tuple[str, ...], float] = {}
+    for rm in data.resource_metrics if data is not None else ():
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                if m.name == name:
+                    for p in m.data.data_points:
+                        out[tuple(str(v) for v in p.attributes.values())] = p.value
+    return out
+
+
+def on(provider: MeterProvider, tier: MemoryTier, blocks: int = 4) -> TieringEngine:
+    return TieringEngine(PrimaryTier(blocks, 8), [tier], meter_provider=provider)
+
+
+class CountingTier(MemoryTier):
+    def counters(self) -> dict[str, int]:
+        return {"asked": 3}
+
+
+async def test_every_engine_on_a_provider_reports_its_gauges_until_it_closes() -> None:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    one = on(provider, CountingTier(1000, name="one"))
+    two = on(provider, CountingTier(1000, name="two"))
+    async with one, two:
+        assert await one.put("a", b"aaa")
+        assert await two.put("b", b"bbbbb")
+        usage = observed(reader, "aiotier.tier_usage")
+        assert usage == {("primary",): 3 + 5, ("one",): 0, ("two",): 0}  # the shared name adds up
+        events = observed(reader, "aiotier.tier_events")
+        assert events == {("one", "asked"): 3, ("two", "asked"): 3}
+        await one.aclose()
+        assert observed(reader, "aiotier.tier_usage") == {("primary",): 5, ("two",): 0}
+        assert observed(reader, "aiotier.tier_events") == {("two", "asked"): 3}
+    provider.shutdown()
+
+
+async def test_a_breaker_state_two_engines_report_is_the_worst() -> None:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    broken = FaultyTier(MemoryTier(1000), name="shared").fail("lookup")
+    healthy = MemoryTier(1000, name="shared")
+    opens = BreakerPolicy(failure_threshold=1)
+    async with (  # the healthy one first: its state alone must not win
+        TieringEngine(PrimaryTier(2, 8), [healthy], meter_provider=provider, breaker=opens) as b,
+        TieringEngine(PrimaryTier(2, 8), [broken], meter_provider=provider, breaker=opens) as a,
+    ):
+        await a.lookup("k")  # the lookup fails: a's circuit opens
+        await b.lookup("k")
+        assert a.health()["shared"].breaker == "open"
+        assert b.health()["shared"].breaker == "closed"
+        assert observed(reader, "aiotier.tier_breaker_state") == {("shared",): 2}  # open
+    provider.shutdown()
+
+
+async def test_an_engine_dropped_without_closing_stops_reporting_when_collected() -> None:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    kept = on(provider, MemoryTier(1000, name="kept"))
+    dropped = on(provider, MemoryTier(1000, name="dropped"))
+    assert set(observed(reader, "aiotier.tier_usage")) == {("primary",), ("kept",), ("dropped",)}
+    del dropped  # never opened, never closed
+    gc.collect()
+    assert set(observed(reader, "aiotier.tier_usage")) == {("primary",), ("kept",)}
+    assert kept.stats().tiers["kept"].blocks == 0
+    provider.shutdown()
