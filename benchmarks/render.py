@@ -143,6 +143,24 @@ def _memory_promote_section(cases: list[dict[str, Any]]) -> list[str]:
             f"| {_fmt(c.get('ratio_to_floor'))} | ≥ {_fmt(target)} | "
             f"{_fmt(c.get('python_calls_per_block'))} | {_fmt(c.get('c_calls_per_block'))} |"
         )
+    for c in rows:
+        phases = c.get("core_phases_us_per_batch")
+        if not phases:
+            continue
+        batch = c["params"].get("batch", 64)
+        measured = c["aiotier"] * batch
+        out += [
+            "",
+            f"Where an anonymous batch of {batch} goes (`aiotier.bench.phases`: the engine's calls "
+            "into its core replayed with no await between them, minimum over the rounds, µs per "
+            "batch); what the measured batch takes beyond their sum is the await side (the "
+            "promotion task, timers, loop turns):",
+            "",
+            "| " + " | ".join(phases) + " | measured | await side |",
+            "| " + " | ".join("---" for _ in range(len(phases) + 2)) + " |",
+            "| " + " | ".join(_fmt(v) for v in phases.values())
+            + f" | {_fmt(measured)} | {_fmt(measured - phases['total'])} |",
+        ]
     return out
 
 

@@ -28,6 +28,7 @@ from .. import (
 )
 from .common import Case, Measure, alternate, note_missing
 from .counting import CallCounter, CountingMeterProvider
+from .phases import promotion_phases
 
 __all__ = ["CASES", "run"]
 
@@ -590,6 +591,10 @@ async def memory_promote(rounds: int, n_keys: int = 4096) -> list[Case]:
             with CallCounter() as counter:
                 await fn()
             calls[variant] = (counter.calls / n_keys, counter.c_calls / n_keys)
+        phases = await promotion_phases(
+            keys, values, block_size=bs, primary_blocks=PROMOTE_PRIMARY, batch=batch,
+            rounds=rounds,
+        )  # fmt: skip
     finally:
         for engine in engines.values():
             await engine.aclose(flush=False)
@@ -616,6 +621,7 @@ async def memory_promote(rounds: int, n_keys: int = 4096) -> list[Case]:
                     "python_calls_per_block": calls[variant][0],
                     "c_calls_per_block": calls[variant][1],
                     "target_ratio_to_floor": 0.25,
+                    **({"core_phases_us_per_batch": phases} if variant == "anonymous" else {}),
                 },
             )
         )
