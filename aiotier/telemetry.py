@@ -91,7 +91,7 @@ class Telemetry:
         from . import __version__
 
         meter = provider.get_meter("aiotier", __version__)
-        self._observers = _observers_of(meter)
+        self._observers = _observers_of(provider, meter)
         self._observers.add(self, gauges)
         self._instruments: dict[str, Any] = {}
         for m in METRICS:
@@ -184,8 +184,8 @@ def _attributes(key: tuple[str, ...]) -> dict[str, str] | None:
 
 
 class SharedObservers:
-    """The observed instruments of one meter (read when metrics are collected), shared by every
-    engine that uses the meter.
+    """The observed instruments of one provider (read when metrics are collected), shared by
+    every engine that uses it.
 
     The SDK keeps one callback per instrument name: registered by each engine, a second engine
     on the same provider would report none of its values, and a closed one would go on
@@ -256,16 +256,18 @@ _OBSERVERS = "_aiotier_observers"
 _OBSERVERS_LOCK = threading.Lock()
 
 
-def _observers_of(meter: Meter) -> SharedObservers:
-    """The meter's :class:`SharedObservers`, created with its first engine. It lives on the
-    meter, so exactly as long: a table keyed by meter would keep it alive (its instruments
-    reference the provider, which holds the meter)."""
+def _observers_of(provider: MeterProvider, meter: Meter) -> SharedObservers:
+    """The provider's :class:`SharedObservers` (on ``meter``, its aiotier meter), created with
+    its first engine. Kept per provider, not per meter: the global proxy provider hands out a
+    new meter per call, whose instruments all reach the real provider once one is set. It lives
+    on the provider, so exactly as long: a table keyed by provider would keep it alive (its
+    instruments reference the provider)."""
     with _OBSERVERS_LOCK:
-        shared = getattr(meter, _OBSERVERS, None)
+        shared = getattr(provider, _OBSERVERS, None)
         if not isinstance(shared, SharedObservers):
             shared = SharedObservers(meter)
-            with contextlib.suppress(AttributeError):  # a meter that takes no attribute
-                setattr(meter, _OBSERVERS, shared)  # reports this engine's alone
+            with contextlib.suppress(AttributeError):  # a provider that takes no attribute
+                setattr(provider, _OBSERVERS, shared)  # reports this engine's alone
         return shared
 
 

@@ -4,6 +4,8 @@ a label set they share is combined, and an engine stops reporting once it closes
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -81,3 +83,37 @@ async def test_an_engine_dropped_without_closing_stops_reporting_when_collected(
     assert set(observed(reader, "aiotier.tier_usage")) == {("primary",), ("kept",)}
     assert kept.stats().tiers["kept"].blocks == 0
     provider.shutdown()
+
+
+_GLOBAL_SET_LATE = """
+import asyncio
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from aiotier import MemoryTier, PrimaryTier, TieringEngine
+
+async def main():
+    one = TieringEngine(PrimaryTier(2, 8), [MemoryTier(100, name="one")])  # the global provider
+    two = TieringEngine(PrimaryTier(2, 8), [MemoryTier(100, name="two")])
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))  # set after both
+    async with one, two:
+        tiers = set()
+        for rm in reader.get_metrics_data().resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    if m.name == "aiotier.tier_usage":
+                        tiers |= {p.attributes["tier"] for p in m.data.data_points}
+        print(sorted(tiers))
+
+asyncio.run(main())
+"""
+
+
+def test_engines_on_the_global_provider_set_after_them_are_all_reported() -> None:
+    # a process of its own: the global provider can be set once
+    out = subprocess.run(
+        [sys.executable, "-c", _GLOBAL_SET_LATE], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "['one', 'primary', 'two']"
