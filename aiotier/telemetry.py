@@ -107,7 +107,7 @@ class Telemetry:
                     explicit_bucket_boundaries_advisory=list(m.buckets or ()),
                 )
             else:
-                continue  # observed: the meter's SharedObservers report them
+                continue  # observed: the provider's SharedObservers report them
             self._instruments[m.key] = inst
         self._checks: HealthChecks | None = None
         self._health: HealthSource | None = None
