@@ -187,6 +187,7 @@ class TieringEngine:
         self._fast = False
 
         self._ticker: asyncio.Task[None] | None = None
+        self._closing: asyncio.Task[None] | None = None
         self._opened = False
         #: the answers other threads get without a hop to the loop (``BlockingEngine``)
         self._now = CallerThreadAnswers(self)
@@ -253,16 +254,26 @@ class TieringEngine:
         """Cancel promotions, write down primary-only blocks (``write_back``), close the tiers.
 
         Nothing outlives the call: no task, pin or file handle. ``flush=False`` skips the
-        write-down of blocks that live only in the primary.
+        write-down of blocks that live only in the primary. A caller cancelled meanwhile does
+        not stop the close (each of its steps is bounded by ``io_timeout``): it goes on to the
+        end, and a second ``aclose()`` awaits it.
         """
+        with self._guard.lock:
+            if self._closing is None:
+                self._core.closed = True
+                self._fast = False
+                # promotions and the ticker stop now, not a loop turn later when the close runs
+                self._reads.cancel_tasks()
+                if self._ticker is not None:
+                    self._ticker.cancel()
+                self._closing = asyncio.get_running_loop().create_task(
+                    self._close(flush), name="aiotier-close"
+                )
+        await asyncio.shield(self._closing)
+
+    async def _close(self, flush: bool) -> None:
         core, lock = self._core, self._guard.lock
-        with lock:
-            if core.closed:
-                return
-            core.closed = True
-            self._fast = False
         if self._ticker is not None:
-            self._ticker.cancel()
             await asyncio.gather(self._ticker, return_exceptions=True)
         await self._reads.cancel(self.io_timeout)
         with lock:

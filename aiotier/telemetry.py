@@ -16,6 +16,7 @@ import contextlib
 import functools
 import inspect
 import json
+import logging
 import socket
 import threading
 import weakref
@@ -61,6 +62,8 @@ __all__ = [
     "start_prometheus_server",
 ]
 
+log = logging.getLogger("aiotier.telemetry")
+
 #: An observed metric's values when metrics are collected: (label values, value) pairs.
 GaugeSource = Callable[[], Iterable[tuple[tuple[str, ...], int]]]
 #: An engine's ``health`` method.
@@ -91,8 +94,7 @@ class Telemetry:
         from . import __version__
 
         meter = provider.get_meter("aiotier", __version__)
-        self._observers = _observers_of(provider, meter)
-        self._observers.add(self, gauges)
+        SHARED_OBSERVERS.add(self, provider, meter, gauges, global_provider=meter_provider is None)
         self._instruments: dict[str, Any] = {}
         for m in METRICS:
             if m.kind is MetricKind.COUNTER:
@@ -107,7 +109,7 @@ class Telemetry:
                     explicit_bucket_boundaries_advisory=list(m.buckets or ()),
                 )
             else:
-                continue  # observed: the provider's SharedObservers report them
+                continue  # observed: SHARED_OBSERVERS reports them
             self._instruments[m.key] = inst
         self._checks: HealthChecks | None = None
         self._health: HealthSource | None = None
@@ -117,7 +119,7 @@ class Telemetry:
 
     def detach(self) -> None:
         """The engine closed: its gauges and ``/readyz`` stop reporting it."""
-        self._observers.remove(self)
+        SHARED_OBSERVERS.remove(self)
         if self._checks is not None and self._health is not None:
             self._checks.remove(self._health)
             self._checks = self._health = None
@@ -184,23 +186,62 @@ def _attributes(key: tuple[str, ...]) -> dict[str, str] | None:
 
 
 class SharedObservers:
-    """The observed instruments of one provider (read when metrics are collected), shared by
-    every engine that uses it.
+    """The observed instruments (read when metrics are collected) of every engine in the
+    process: one set of instruments per provider, each reporting every engine of its group.
 
     The SDK keeps one callback per instrument name: registered by each engine, a second engine
     on the same provider would report none of its values, and a closed one would go on
-    reporting (and stay alive). Engines add their sources here and remove them when they
-    close; each instrument's one callback reports every open engine's values, combining a label
-    set that several report by the row's ``combine`` (bytes and counts add up; a breaker state
-    reports the worst). Sources are held weakly: an engine dropped without closing stops
-    reporting when it is collected.
+    reporting (and stay alive). Engines register their sources here and unregister when they
+    close; an instrument's one callback reports every open engine whose provider is its own —
+    engines created on the global proxy provider count as engines of the provider set
+    globally later — combining a label set several report by the row's ``combine`` (bytes and
+    counts add up; a breaker state reports the worst). An engine that leaves keeps its last
+    counts in the observed counters, which never go down. Sources are held weakly: an engine
+    dropped without closing leaves when it is collected.
     """
 
-    def __init__(self, meter: Meter) -> None:
-        self._lock = threading.Lock()  # engines come and go on loops; readers collect in threads
-        self._sources: weakref.WeakKeyDictionary[object, dict[str, Callable[[], Any]]] = (
+    def __init__(self) -> None:
+        # engines come and go on loops, readers collect in threads; reentrant: an engine
+        # collected while this thread holds the lock leaves through a finalizer that takes it
+        self._lock = threading.RLock()
+        self._engines: weakref.WeakKeyDictionary[object, _Registered] = (
             weakref.WeakKeyDictionary()
         )
+        # per provider: the last counts of engines that left, by (metric key, labels)
+        self._retired: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], int]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def add(
+        self,
+        owner: object,
+        provider: MeterProvider,
+        meter: Meter,
+        sources: Mapping[str, GaugeSource],
+        *,
+        global_provider: bool,
+    ) -> None:
+        """``owner`` reports each observed row from its source until :meth:`remove` (or until
+        it is collected). ``global_provider``: ``provider`` is the global one, as found then."""
+        engine = _Registered({key: _weakly(src) for key, src in sources.items()},
+                             None if global_provider else provider)  # fmt: skip
+        with self._lock:
+            self._engines[owner] = engine
+            if getattr(provider, _INSTRUMENTED, False) is not True:
+                self._instrument(provider, meter, global_provider=global_provider)
+        weakref.finalize(owner, self._retire, engine)
+
+    def remove(self, owner: object) -> None:
+        """``owner`` closed: its gauges stop, its last counts stay in the counters."""
+        with self._lock:
+            engine = self._engines.pop(owner, None)
+        if engine is not None:
+            for m in METRICS:
+                if m.kind is MetricKind.OBSERVED_COUNTER:
+                    self._read(engine, m)  # the counts as of the close
+            self._retire(engine)
+
+    def _instrument(self, provider: MeterProvider, meter: Meter, *, global_provider: bool) -> None:
         for m in METRICS:
             if m.kind is MetricKind.GAUGE:
                 create: Any = meter.create_observable_gauge
@@ -208,34 +249,54 @@ class SharedObservers:
                 create = meter.create_observable_counter
             else:
                 continue
-            create(
-                m.otel_name, callbacks=[functools.partial(self._observe, m)], unit=m.unit,
-                description=m.description,
-            )  # fmt: skip
+            observe = functools.partial(self._observe, m, provider, global_provider)
+            create(m.otel_name, callbacks=[observe], unit=m.unit, description=m.description)
+        with contextlib.suppress(AttributeError):  # a provider that takes no attribute gets
+            setattr(provider, _INSTRUMENTED, True)  # instruments per engine (the SDK's first win)
 
-    def add(self, owner: object, sources: Mapping[str, GaugeSource]) -> None:
-        """``owner`` reports each observed row from its source until :meth:`remove`."""
-        refs = {key: _weakly(source) for key, source in sources.items()}
+    def _retire(self, engine: _Registered) -> None:
         with self._lock:
-            self._sources[owner] = refs
-
-    def remove(self, owner: object) -> None:
-        with self._lock:
-            self._sources.pop(owner, None)
-
-    def _observe(self, m: MetricDef, options: CallbackOptions) -> list[Observation]:
-        with self._lock:
-            refs = [r[m.key] for r in self._sources.values() if m.key in r]
-        merged: dict[tuple[str, ...], int] = {}
-        for ref in refs:
-            source = ref()
-            if source is None:
-                continue  # its engine is gone
+            if engine.gone:
+                return
+            engine.gone = True
+            group = _group(engine.provider)
             try:
-                values = list(source())
-            except Exception:
-                continue  # one engine's failing source leaves the others' values
-            for labels, value in values:
+                retired = self._retired.setdefault(group, {})
+            except TypeError:  # a provider that cannot be weakly referenced: counts go
+                return
+            for key, value in engine.last.items():
+                retired[key] = retired.get(key, 0) + value
+
+    def _read(self, engine: _Registered, m: MetricDef) -> list[tuple[tuple[str, ...], int]]:
+        """``engine``'s values of row ``m`` now (none when its source is gone or fails)."""
+        ref = engine.sources.get(m.key)
+        source = None if ref is None else ref()
+        if source is None:
+            return []
+        try:
+            values = list(source())
+        except Exception:
+            log.warning("aiotier: reading %s failed; left out of this collection", m.otel_name,
+                        exc_info=True)  # fmt: skip
+            return []
+        if m.kind is MetricKind.OBSERVED_COUNTER:
+            engine.last.update({(m.key, *labels): value for labels, value in values})
+        return values
+
+    def _observe(
+        self, m: MetricDef, provider: MeterProvider, global_provider: bool,
+        options: CallbackOptions,
+    ) -> list[Observation]:  # fmt: skip
+        group = _group(None if global_provider else provider)
+        with self._lock:
+            engines = [e for e in list(self._engines.values()) if _group(e.provider) is group]
+            retired = dict(self._retired.get(group, {})) if m.kind is _OBSERVED else {}
+        merged: dict[tuple[str, ...], int] = {}
+        for key, value in retired.items():
+            if key[0] == m.key:
+                merged[key[1:]] = value
+        for engine in engines:
+            for labels, value in self._read(engine, m):
                 old = merged.get(labels)
                 merged[labels] = (
                     value if old is None else max(old, value) if m.combine == "max" else old + value
@@ -245,6 +306,25 @@ class SharedObservers:
         ]
 
 
+class _Registered:
+    """One engine's sources, and its observed counters' last values."""
+
+    __slots__ = ("gone", "last", "provider", "sources")
+
+    def __init__(
+        self, sources: dict[str, Callable[[], GaugeSource | None]], provider: MeterProvider | None
+    ) -> None:
+        self.sources = sources
+        self.provider = provider  # None: the global provider, whichever it is at the time
+        self.last: dict[tuple[str, ...], int] = {}
+        self.gone = False
+
+
+def _group(provider: MeterProvider | None) -> MeterProvider:
+    """The provider an engine's values are exported through (the global one for None)."""
+    return metrics.get_meter_provider() if provider is None else provider
+
+
 def _weakly(source: GaugeSource) -> Callable[[], GaugeSource | None]:
     """A reference to ``source`` that does not keep its engine alive (a bound method's)."""
     if inspect.ismethod(source):
@@ -252,23 +332,10 @@ def _weakly(source: GaugeSource) -> Callable[[], GaugeSource | None]:
     return lambda: source
 
 
-_OBSERVERS = "_aiotier_observers"
-_OBSERVERS_LOCK = threading.Lock()
-
-
-def _observers_of(provider: MeterProvider, meter: Meter) -> SharedObservers:
-    """The provider's :class:`SharedObservers` (on ``meter``, its aiotier meter), created with
-    its first engine. Kept per provider, not per meter: the global proxy provider hands out a
-    new meter per call, whose instruments all reach the real provider once one is set. It lives
-    on the provider, so exactly as long: a table keyed by provider would keep it alive (its
-    instruments reference the provider)."""
-    with _OBSERVERS_LOCK:
-        shared = getattr(provider, _OBSERVERS, None)
-        if not isinstance(shared, SharedObservers):
-            shared = SharedObservers(meter)
-            with contextlib.suppress(AttributeError):  # a provider that takes no attribute
-                setattr(provider, _OBSERVERS, shared)  # reports this engine's alone
-        return shared
+_OBSERVED = MetricKind.OBSERVED_COUNTER
+_INSTRUMENTED = "_aiotier_instrumented"
+#: Every engine's observed instruments (see :class:`SharedObservers`).
+SHARED_OBSERVERS = SharedObservers()
 
 
 class _ServingMeterProvider(SDKMeterProvider):

@@ -72,11 +72,17 @@ class TierReads:
         self.start(batches)
         return scan.results
 
+    def cancel_tasks(self) -> None:
+        """Cancel every promotion task (each settles its batches as it ends), once: a second
+        cancel would cut short a tier winding down from the first."""
+        for task in self.tasks:
+            if not task.cancelling():
+                task.cancel()
+
     async def cancel(self, timeout: float) -> None:
         """Cancel every promotion task and give them ``timeout`` to finish."""
         tasks = list(self.tasks)
-        for task in tasks:
-            task.cancel()
+        self.cancel_tasks()
         if tasks:
             await asyncio.wait(tasks, timeout=timeout)
         self._queued.clear()  # reads that never started: the core counts them cancelled

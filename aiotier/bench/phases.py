@@ -63,7 +63,7 @@ async def promotion_phases(
             for p, got in zip(started, lengths, strict=True):
                 promotions.completed([p], Outcome.OK, got)
             t5 = now()
-            core.settled_answers(b)
+            core.table.all_ready(b)  # wait()'s answer once the batch landed
             core.end_step((), ())
             core.take_step([0])
             t6 = now()

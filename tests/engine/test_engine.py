@@ -158,6 +158,28 @@ async def test_aclose_during_a_read_counts_it_cancelled_and_lets_the_tier_wind_d
     assert e.health()["memory"].breaker == "closed"
 
 
+class _SlowCloseTier(MemoryTier):
+    closed = False
+
+    async def aclose(self) -> None:
+        await asyncio.sleep(0.2)
+        self.closed = True
+
+
+async def test_a_cancelled_aclose_still_closes_everything() -> None:
+    tier = _SlowCloseTier(1 << 20)
+    e = TieringEngine(PrimaryTier(2, 4), [tier], io_timeout=5.0)
+    await e.open()
+    assert await e.put("k", b"kkkk")
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(e.aclose(), 0.05)  # the caller gives up while the tier closes
+    await e.aclose()  # awaits the same close
+    assert tier.closed
+    assert not any(h.open for h in e.health().values())
+    assert await tier.read_into(b"k", memoryview(bytearray(4))) == 4  # written down first
+    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("aiotier-")]
+
+
 @pytest.mark.parametrize("fault", ["fail", "hang"])
 async def test_tier_lookup_fault_is_a_counted_miss(fault: str) -> None:
     tier = FaultyTier(await seeded(1))

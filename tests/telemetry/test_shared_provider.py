@@ -50,7 +50,21 @@ async def test_every_engine_on_a_provider_reports_its_gauges_until_it_closes() -
         assert events == {("one", "asked"): 3, ("two", "asked"): 3}
         await one.aclose()
         assert observed(reader, "aiotier.tier_usage") == {("primary",): 5, ("two",): 0}
-        assert observed(reader, "aiotier.tier_events") == {("two", "asked"): 3}
+        # a counter never goes down: the closed engine's last counts stay in it
+        assert observed(reader, "aiotier.tier_events") == {("one", "asked"): 3, ("two", "asked"): 3}
+    provider.shutdown()
+
+
+async def test_a_counter_two_engines_share_keeps_the_counts_of_one_that_closes() -> None:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    first = on(provider, CountingTier(1000, name="shared"))
+    second = on(provider, CountingTier(1000, name="shared"))
+    async with first:
+        async with second:
+            assert observed(reader, "aiotier.tier_events") == {("shared", "asked"): 3 + 3}
+        assert observed(reader, "aiotier.tier_events") == {("shared", "asked"): 3 + 3}
+    assert observed(reader, "aiotier.tier_events") == {("shared", "asked"): 3 + 3}
     provider.shutdown()
 
 
@@ -96,8 +110,11 @@ async def main():
     one = TieringEngine(PrimaryTier(2, 8), [MemoryTier(100, name="one")])  # the global provider
     two = TieringEngine(PrimaryTier(2, 8), [MemoryTier(100, name="two")])
     reader = InMemoryMetricReader()
-    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))  # set after both
-    async with one, two:
+    provider = MeterProvider(metric_readers=[reader])
+    metrics.set_meter_provider(provider)  # set after those two
+    three = TieringEngine(PrimaryTier(2, 8), [MemoryTier(100, name="three")])  # global: set
+    four = TieringEngine(PrimaryTier(2, 8), [MemoryTier(100, name="four")], meter_provider=provider)
+    async with one, two, three, four:
         tiers = set()
         for rm in reader.get_metrics_data().resource_metrics:
             for sm in rm.scope_metrics:
@@ -110,10 +127,10 @@ asyncio.run(main())
 """
 
 
-def test_engines_on_the_global_provider_set_after_them_are_all_reported() -> None:
+def test_engines_on_the_global_provider_before_and_after_it_is_set_are_all_reported() -> None:
     # a process of its own: the global provider can be set once
     out = subprocess.run(
         [sys.executable, "-c", _GLOBAL_SET_LATE], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[0] == "['one', 'primary', 'two']"
+    assert out.stdout.split("\n")[0] == "['four', 'one', 'primary', 'three', 'two']"
