@@ -6,7 +6,9 @@ from __future__ import annotations
 import gc
 import subprocess
 import sys
+from collections.abc import Iterator
 
+import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -27,6 +29,15 @@ def observed(reader: InMemoryMetricReader, name: str) -> dict[tuple[str, ...], f
     return out
 
 
+@pytest.fixture
+def exported() -> Iterator[tuple[InMemoryMetricReader, MeterProvider]]:
+    """A provider with an in-memory reader, shut down after the test."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    yield reader, provider
+    provider.shutdown()
+
+
 def on(provider: MeterProvider, tier: MemoryTier, blocks: int = 4) -> TieringEngine:
     return TieringEngine(PrimaryTier(blocks, 8), [tier], meter_provider=provider)
 
@@ -36,9 +47,10 @@ class CountingTier(MemoryTier):
         return {"asked": 3}
 
 
-async def test_every_engine_on_a_provider_reports_its_gauges_until_it_closes() -> None:
-    reader = InMemoryMetricReader()
-    provider = MeterProvider(metric_readers=[reader])
+async def test_every_engine_on_a_provider_reports_its_gauges_until_it_closes(
+    exported: tuple[InMemoryMetricReader, MeterProvider],
+) -> None:
+    reader, provider = exported
     one = on(provider, CountingTier(1000, name="one"))
     two = on(provider, CountingTier(1000, name="two"))
     async with one, two:
@@ -52,12 +64,12 @@ async def test_every_engine_on_a_provider_reports_its_gauges_until_it_closes() -
         assert observed(reader, "aiotier.tier_usage") == {("primary",): 5, ("two",): 0}
         # a counter never goes down: the closed engine's last counts stay in it
         assert observed(reader, "aiotier.tier_events") == {("one", "asked"): 3, ("two", "asked"): 3}
-    provider.shutdown()
 
 
-async def test_a_counter_two_engines_share_keeps_the_counts_of_one_that_closes() -> None:
-    reader = InMemoryMetricReader()
-    provider = MeterProvider(metric_readers=[reader])
+async def test_a_counter_two_engines_share_keeps_the_counts_of_one_that_closes(
+    exported: tuple[InMemoryMetricReader, MeterProvider],
+) -> None:
+    reader, provider = exported
     first = on(provider, CountingTier(1000, name="shared"))
     second = on(provider, CountingTier(1000, name="shared"))
     async with first:
@@ -65,12 +77,12 @@ async def test_a_counter_two_engines_share_keeps_the_counts_of_one_that_closes()
             assert observed(reader, "aiotier.tier_events") == {("shared", "asked"): 3 + 3}
         assert observed(reader, "aiotier.tier_events") == {("shared", "asked"): 3 + 3}
     assert observed(reader, "aiotier.tier_events") == {("shared", "asked"): 3 + 3}
-    provider.shutdown()
 
 
-async def test_a_breaker_state_two_engines_report_is_the_worst() -> None:
-    reader = InMemoryMetricReader()
-    provider = MeterProvider(metric_readers=[reader])
+async def test_a_breaker_state_two_engines_report_is_the_worst(
+    exported: tuple[InMemoryMetricReader, MeterProvider],
+) -> None:
+    reader, provider = exported
     broken = FaultyTier(MemoryTier(1000), name="shared").fail("lookup")
     healthy = MemoryTier(1000, name="shared")
     opens = BreakerPolicy(failure_threshold=1)
@@ -83,12 +95,12 @@ async def test_a_breaker_state_two_engines_report_is_the_worst() -> None:
         assert a.health()["shared"].breaker == "open"
         assert b.health()["shared"].breaker == "closed"
         assert observed(reader, "aiotier.tier_breaker_state") == {("shared",): 2}  # open
-    provider.shutdown()
 
 
-async def test_an_engine_dropped_without_closing_stops_reporting_when_collected() -> None:
-    reader = InMemoryMetricReader()
-    provider = MeterProvider(metric_readers=[reader])
+async def test_an_engine_dropped_without_closing_stops_reporting_when_collected(
+    exported: tuple[InMemoryMetricReader, MeterProvider],
+) -> None:
+    reader, provider = exported
     kept = on(provider, MemoryTier(1000, name="kept"))
     dropped = on(provider, MemoryTier(1000, name="dropped"))
     assert set(observed(reader, "aiotier.tier_usage")) == {("primary",), ("kept",), ("dropped",)}
@@ -96,7 +108,6 @@ async def test_an_engine_dropped_without_closing_stops_reporting_when_collected(
     gc.collect()
     assert set(observed(reader, "aiotier.tier_usage")) == {("primary",), ("kept",)}
     assert kept.stats().tiers["kept"].blocks == 0
-    provider.shutdown()
 
 
 _GLOBAL_SET_LATE = """
