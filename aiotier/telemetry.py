@@ -264,7 +264,7 @@ class SharedObservers:
                 retired = self._retired.setdefault(group, {})
             except TypeError:  # a provider that cannot be weakly referenced: counts go
                 return
-            for key, value in engine.last.items():
+            for key, value in list(engine.last.items()):  # a collector may be updating it
                 retired[key] = retired.get(key, 0) + value
 
     def _read(self, engine: _Registered, m: MetricDef) -> list[tuple[tuple[str, ...], int]]:
