@@ -12,8 +12,12 @@ or await I/O go to the loop through the portal. Any number of threads may call a
 from __future__ import annotations
 
 import asyncio
+import atexit
+import concurrent.futures.thread  # noqa: F401 - its exit hook first (see the end)
+import contextlib
 import sys
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
 from types import TracebackType
@@ -28,7 +32,7 @@ from ._types import (
     PrepareStoreOutput,
     RequestContext,
 )
-from .engine import EngineStats, TieringEngine
+from .engine import EngineStats, TierHealth, TieringEngine
 from .errors import TieringError
 from .tiers.base import SecondaryTier
 from .tiers.primary import PrimaryTier
@@ -68,6 +72,7 @@ class BlockingEngine:
         _refuse_inside_a_loop("__init__")
         self._lock = threading.RLock()
         self._closed = False
+        self._close_done = threading.Event()
         self._portal_cm = start_blocking_portal("asyncio")
         self._portal: BlockingPortal = self._portal_cm.__enter__()
         try:
@@ -78,6 +83,7 @@ class BlockingEngine:
             self._portal_cm.__exit__(*sys.exc_info())
             raise
         self._hit_now = self.engine._now.hit  # the hot path: one bound method, no lookups
+        _OPEN.add(self)
 
     async def _open(
         self, primary: PrimaryTier, secondary: tuple[SecondaryTier, ...], kwargs: dict[str, Any]
@@ -114,15 +120,24 @@ class BlockingEngine:
         self.close()
 
     def close(self, *, flush: bool = True) -> None:
-        """Close the engine (as ``aclose``) and stop its loop; calls in flight end first."""
+        """Close the engine (as ``aclose``) and stop its loop; calls in flight end first. A
+        second call waits for the first to end. An engine still open when the interpreter
+        exits is closed then (its loop's thread would otherwise hold the exit up)."""
+        _refuse_inside_a_loop("close")  # on the engine's own loop it would wait for itself
         with self._lock:
-            if self._closed:
-                return
+            first = not self._closed
             self._closed = True
+        if not first:
+            self._close_done.wait()
+            return
         try:
             self._portal.call(partial(self.engine.aclose, flush=flush))
         finally:
-            self._portal_cm.__exit__(None, None, None)
+            try:
+                self._portal_cm.__exit__(None, None, None)
+            finally:
+                _OPEN.discard(self)
+                self._close_done.set()
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -220,3 +235,26 @@ class BlockingEngine:
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
+
+    def health(self) -> dict[str, TierHealth]:
+        """Each tier as a readiness probe sees it (:meth:`TieringEngine.health`)."""
+        return self.engine.health()
+
+
+#: BlockingEngines not closed yet, closed at interpreter exit (weakly held: one dropped
+#: unclosed stops its loop when collected).
+_OPEN: weakref.WeakSet[BlockingEngine] = weakref.WeakSet()
+
+
+def _close_open_engines() -> None:
+    for engine in list(_OPEN):
+        with contextlib.suppress(Exception):
+            engine.close()
+
+
+# At exit the engines must close while their tiers' thread pools still take work and before
+# the interpreter joins the loop's thread: the hook that runs before threads are joined, in
+# reverse order of registration, so after the thread pools' own (imported first). Where it is
+# missing, a plain atexit hook (too late for the pools: their blocks are then not written).
+_register = getattr(threading, "_register_atexit", atexit.register)
+_register(_close_open_engines)

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import random
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -215,3 +218,105 @@ def test_many_threads_at_once_never_see_wrong_bytes() -> None:
             assert e.get(k) in values, k
     run_workers(0.5, e.close)  # closing with calls in flight
     assert e.stats().pinned_blocks == 0
+
+
+def test_wait_wakes_when_another_thread_completes_the_store_it_waits_for() -> None:
+    # a complete_store landing between wait()'s "in flight?" and its registration woke no one:
+    # the wait slept to the store's RETRY deadline (promotion_timeout)
+    deadline = 5.0
+    slow: list[float] = []
+    with BlockingEngine(PrimaryTier(1024, 64), promotion_timeout=deadline) as e:
+
+        def pairs(n: int) -> None:
+            rng = random.Random(n)
+            for i in range(150):
+                k = f"{n}-{i}"
+                assert e.prepare_store([k]) is not None
+                ready = threading.Event()
+
+                def waiter(k: str = k, ready: threading.Event = ready) -> None:
+                    ready.set()
+                    t0 = time.monotonic()
+                    assert e.wait([k]) == [HIT]
+                    slow.extend([time.monotonic() - t0] if time.monotonic() - t0 > 1 else [])
+
+                t = threading.Thread(target=waiter)
+                t.start()
+                ready.wait()
+                time.sleep(rng.uniform(0, 0.0005))
+                e.complete_store([k], sizes=[1])
+                t.join()
+
+        threads = [threading.Thread(target=pairs, args=(n,)) for n in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert slow == []
+
+
+def test_close_from_the_engines_own_loop_is_refused_and_leaves_it_closable() -> None:
+    e = BlockingEngine(PrimaryTier(4, 8))
+    assert e.put("k", b"v")
+
+    async def close_here() -> None:
+        e.close()
+
+    with pytest.raises(RuntimeError, match="running event loop"):
+        e.portal.call(close_here)
+    assert e.lookup("k") is HIT  # still open
+    e.close()
+    assert e.engine.core.closed
+    assert not [t for t in threading.enumerate() if t is not threading.main_thread()]
+
+
+def test_a_second_close_waits_for_the_first() -> None:
+    tier = FaultyTier(MemoryTier(1 << 20)).delay("write", 0.5)
+    e = BlockingEngine(PrimaryTier(8, 64), [tier])
+    assert e.put("k", b"v")  # written down at close, slowly
+    first = threading.Thread(target=e.close)
+    first.start()
+    time.sleep(0.1)
+    e.close()
+    assert not first.is_alive()  # the second returned once the first had ended
+    assert tier.inner.contains_hint(b"k")
+    first.join()
+
+
+def test_health_is_the_engines() -> None:
+    with BlockingEngine(PrimaryTier(4, 8), [MemoryTier(1 << 10)]) as e:
+        assert set(e.health()) == {"primary", "memory"}
+        assert all(h.open for h in e.health().values())
+
+
+_NEVER_CLOSED = """
+import sys
+from aiotier import BlockingEngine, PrimaryTier
+from aiotier.tiers.ssd import SSDTier
+
+engine = BlockingEngine(PrimaryTier(4, 64), [SSDTier(sys.argv[1], 1 << 20)])
+assert engine.put("k", b"kept")
+print("exiting with an engine never closed")
+"""
+
+_READ_BACK = """
+import sys
+from aiotier import BlockingEngine, PrimaryTier
+from aiotier.tiers.ssd import SSDTier
+
+with BlockingEngine(PrimaryTier(4, 64), [SSDTier(sys.argv[1], 1 << 20)]) as engine:
+    print(engine.get("k"))
+"""
+
+
+def test_an_engine_never_closed_is_closed_at_exit_and_its_blocks_written_down(
+    tmp_path: Path,
+) -> None:
+    where = str(tmp_path / "ssd")
+    run = [sys.executable, "-c", _NEVER_CLOSED, where]
+    done = subprocess.run(run, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr  # the exit is not held up by the loop's thread
+    back = subprocess.run(
+        [sys.executable, "-c", _READ_BACK, where], capture_output=True, text=True, timeout=60
+    )
+    assert back.stdout.strip() == "b'kept'", back.stderr

@@ -54,8 +54,10 @@ class StepStats:
             values.append(value)
 
     def sample_count(self) -> int:
-        """How many samples are buffered (flushed early past a bound)."""
-        return sum(len(v) for v in self.samples.values())
+        """How many samples are buffered (flushed early past a bound). Asked without the
+        engine's lock, while caller threads may add a sample key: the values are copied at once
+        (in C, under the GIL)."""
+        return sum(map(len, list(self.samples.values())))
 
     def peek_counts(self) -> Counter[CountKey]:
         """The counters so far, the primary's lookups included, without resetting anything."""

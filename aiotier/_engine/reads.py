@@ -223,28 +223,30 @@ class TierReads:
         loop = asyncio.get_running_loop()
         waited = False
         while not core.closed:
-            with lock:
-                got = core.in_flight(k)
-            if got is None:
-                break
-            limit = got[1]
-            if deadline is not None:
-                left = deadline - loop.time()
-                if left <= 0:
-                    raise TimeoutError(f"block {k[:64]!r} still in flight after {timeout}s")
-                limit = min(limit, left)
             fut: asyncio.Future[None] = loop.create_future()
             waiter = partial(self._guard.call, _wake, fut)  # may be settled from another thread
-            with lock:
-                core.inflight.add_waiter(k, waiter)
-            waited = True
-            # woken by the settle, or at the limit: then still in flight (asked again), or a
-            # store's RETRY window ran out
-            timer = loop.call_later(limit, _wake, fut)
+            with lock:  # asked and registered at once: a settle in between would wake no one
+                got = core.in_flight(k)
+                if got is not None:
+                    core.inflight.add_waiter(k, waiter)
+            if got is None:
+                break
             try:
-                await fut
+                limit = got[1]
+                if deadline is not None:
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        raise TimeoutError(f"block {k[:64]!r} still in flight after {timeout}s")
+                    limit = min(limit, left)
+                waited = True
+                # woken by the settle, or at the limit: then still in flight (asked again), or
+                # a store's RETRY window ran out
+                timer = loop.call_later(limit, _wake, fut)
+                try:
+                    await fut
+                finally:
+                    timer.cancel()
             finally:
-                timer.cancel()
                 with lock:
                     core.inflight.remove_waiter(k, waiter)
         return waited

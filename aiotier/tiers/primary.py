@@ -76,6 +76,8 @@ class PrimaryTier:
                 self._segment.unlink()
 
     def usage(self) -> TierUsage:
+        # a metrics reader's thread asks while the loop changes the index: copied at once
+        # (in C, under the GIL), then summed
+        slots = list(self.table.index.values())
         lengths = self.arena.lengths
-        used = sum(lengths[s] for s in self.table.index.values())
-        return TierUsage(len(self.table.index), used, self.arena.nbytes)
+        return TierUsage(len(slots), sum(lengths[s] for s in slots), self.arena.nbytes)
