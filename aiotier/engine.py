@@ -44,7 +44,7 @@ from ._types import (
     normalize_keys,
 )
 from ._validate import check_positive, check_req, str_ids
-from .errors import TieringError
+from .errors import ConfigError, TieringError
 from .telemetry import Telemetry
 from .tiers.base import SecondaryTier
 from .tiers.primary import PrimaryTier
@@ -236,6 +236,11 @@ class TieringEngine:
             raise TieringError("this engine was closed; create a new one")
         if self._opened:
             return
+        if self.primary.shared_memory_released:
+            raise ConfigError(
+                "this PrimaryTier's shared memory was released when the engine using it "
+                "closed (workers could no longer attach): create a new PrimaryTier"
+            )
         await open_tiers(self.tiers, self.primary.block_size, self.open_timeout, self.io_timeout)
         self._opened = True
         self._guard.bind()

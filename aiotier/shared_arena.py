@@ -17,7 +17,10 @@ does not make a worker responsible for the segment: its exit never removes it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
+import secrets
 import sys
 import threading
 from multiprocessing import shared_memory
@@ -45,21 +48,42 @@ def _drop_fd(shm: shared_memory.SharedMemory) -> None:
         shm._fd = -1  # type: ignore[attr-defined]
 
 
-def create_segment(nbytes: int) -> shared_memory.SharedMemory:
-    """A new segment of ``nbytes`` (zeroed), or a :class:`ConfigError` naming the size. This
-    process's resource tracker removes it if the process exits without doing so."""
+def create_segment(num_blocks: int, block_size: int) -> shared_memory.SharedMemory:
+    """A new segment of ``num_blocks * block_size`` bytes (zeroed, every page reserved), or a
+    :class:`ConfigError` naming the size. Its name carries the geometry, which
+    :class:`SharedArena` checks. This process's resource tracker removes it if the process
+    exits without doing so."""
+    nbytes = num_blocks * block_size
+    name = f"aiotier-{secrets.token_hex(4)}-{num_blocks}x{block_size}"
+    why = (
+        f"cannot create a {nbytes}-byte shared-memory arena ({{}}); on Linux it lives in "
+        f"/dev/shm, whose size limits it (containers often mount 64 MiB: raise --shm-size)"
+    )
     try:
-        shm = _Segment(create=True, size=nbytes)
+        shm = _Segment(name=name, create=True, size=nbytes)
     except OSError as exc:
-        raise ConfigError(
-            f"cannot create a {nbytes}-byte shared-memory arena ({exc}); on Linux it lives in "
-            f"/dev/shm, whose size limits it (containers often mount 64 MiB: raise --shm-size)"
-        ) from exc
+        raise ConfigError(why.format(exc)) from exc
+    fallocate = getattr(os, "posix_fallocate", None)
+    fd = getattr(shm, "_fd", -1)
+    if fallocate is not None and fd >= 0:
+        # a segment is sparse: without its pages reserved now, the first write past what
+        # /dev/shm holds is a SIGBUS in whichever process writes
+        try:
+            fallocate(fd, 0, nbytes)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # cannot reserve: as before
+                with contextlib.suppress(OSError):
+                    shm.unlink()
+                _drop_fd(shm)
+                shm.close()
+                raise ConfigError(why.format(exc)) from exc
     _drop_fd(shm)
     return shm
 
 
 _UNTRACKED = threading.Lock()
+#: The geometry a segment's name carries (``create_segment``): slots and their size.
+_GEOMETRY = re.compile(r"-(\d+)x(\d+)$")
 
 
 def _attach(name: str) -> shared_memory.SharedMemory:
@@ -91,7 +115,8 @@ class SharedArena:
     ``name``, ``num_blocks`` and ``block_size`` come from the scheduler's ``PrimaryTier``
     (``shared_memory_name``, ``num_blocks``, ``block_size``). Raises ``FileNotFoundError`` when
     no such segment exists (the engine closed) and :class:`~aiotier.errors.ConfigError` when it
-    is smaller than ``num_blocks * block_size``. Use it as a context manager, or :meth:`close`
+    is smaller than ``num_blocks * block_size`` or was made with another geometry (the name
+    says). Use it as a context manager, or :meth:`close`
     it once every view it gave is released.
     """
 
@@ -99,6 +124,12 @@ class SharedArena:
         for field, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{field} must be an int > 0, got {value!r}")
+        made = _GEOMETRY.search(name)
+        if made is not None and (int(made[1]), int(made[2])) != (num_blocks, block_size):
+            raise ConfigError(
+                f"shared arena {name!r} has {made[1]} slots of {made[2]} bytes, not "
+                f"{num_blocks} of {block_size}: slot ids would name other bytes"
+            )
         self._shm = _attach(name)
         self.name = name
         self.num_blocks = num_blocks

@@ -5,6 +5,7 @@ engine's close removes it."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import textwrap
@@ -74,8 +75,10 @@ def test_a_shared_arena_checks_what_it_is_given() -> None:
     name = primary.shared_memory_name
     assert name is not None
     try:
-        with pytest.raises(ConfigError, match="fewer than 4 x 64"):
+        with pytest.raises(ConfigError, match="2 slots of 64 bytes, not 4 of 64"):
             SharedArena(name, 4, 64)
+        with pytest.raises(ConfigError, match="2 slots of 64 bytes, not 4 of 32"):
+            SharedArena(name, 4, 32)  # the same bytes cut otherwise: slot 1 would be wrong
         with SharedArena(name, 2, 64) as arena:
             with pytest.raises(ValueError, match=r"slot 2 is not in 0\.\.1"):
                 arena.slot(2)
@@ -94,3 +97,28 @@ def test_a_private_arena_has_no_shared_memory() -> None:
     primary = PrimaryTier(2, 64)
     assert primary.shared_memory_name is None
     primary.release_shared_memory()  # nothing to do
+
+
+def test_a_primary_whose_shared_memory_was_released_is_refused_by_a_new_engine() -> None:
+    primary = PrimaryTier(2, 64, shared_memory=True)
+
+    async def twice() -> None:
+        async with TieringEngine(primary):
+            pass  # closing releases the segment's name
+        assert primary.shared_memory_released
+        with pytest.raises(ConfigError, match="create a new PrimaryTier"):
+            await TieringEngine(primary).open()
+
+    asyncio.run(twice())
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="segments are files in /dev/shm on Linux")
+def test_every_page_of_a_shared_arena_is_reserved_when_it_is_made() -> None:
+    primary = PrimaryTier(64, 4096, shared_memory=True)
+    try:
+        name = primary.shared_memory_name
+        assert name is not None
+        st = os.stat(os.path.join("/dev/shm", name))
+        assert st.st_blocks * 512 >= 64 * 4096  # allocated, not a sparse file
+    finally:
+        primary.release_shared_memory()

@@ -34,13 +34,14 @@ Where vLLM's contract and aiotier's differ, the manager bridges them:
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum, auto
 from types import ModuleType
-from typing import Any, NamedTuple, NewType, cast
+from typing import Any, ClassVar, NamedTuple, NewType, cast
 
 from aiotier import BlockingEngine, PrimaryTier, RequestContext, SecondaryTier
 from aiotier import LookupResult as TierAnswer
@@ -137,16 +138,39 @@ class PrimaryLoadStoreSpec(LoadStoreSpec):
 
     From ``prepare_load`` the views are read-only and hold exactly the stored bytes; from
     ``prepare_store`` they are writable and ``block_size`` bytes long. The views live in the
-    scheduler's process (they do not pickle): a worker in the same process copies through them.
+    scheduler's process: a worker in the same process copies through them. Pickled (to a worker
+    process) a spec keeps its ``block_ids`` alone (``buffers`` is empty there): the worker
+    reaches the slots through :class:`~aiotier.SharedArena`.
     """
 
     block_ids: tuple[int, ...]
     buffers: tuple[memoryview, ...]
+    #: vLLM's ``LoadStoreSpec`` when this class also derives from it (``VllmTypes.from_module``)
+    _vllm_base: ClassVar[type | None] = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuilt_spec, (self._vllm_base, self.block_ids))
 
     @staticmethod
     def medium() -> str:
         """The medium the blocks are in (vLLM's ``LoadStoreSpec.medium()`` before June 2026)."""
         return "CPU"
+
+
+@functools.cache
+def _spec_class(vllm_spec: type) -> type[PrimaryLoadStoreSpec]:
+    """``PrimaryLoadStoreSpec`` that is also a vLLM ``LoadStoreSpec``: one class per base, made
+    again the same way in a worker that unpickles a spec."""
+    return type(
+        "PrimaryLoadStoreSpec", (PrimaryLoadStoreSpec, vllm_spec),
+        {"_vllm_base": vllm_spec, "__module__": __name__},
+    )  # fmt: skip
+
+
+def _rebuilt_spec(vllm_spec: type | None, block_ids: tuple[int, ...]) -> PrimaryLoadStoreSpec:
+    """A spec unpickled in another process: its slot ids, no views."""
+    cls = PrimaryLoadStoreSpec if vllm_spec is None else _spec_class(vllm_spec)
+    return cls(block_ids, ())
 
 
 @dataclass
@@ -201,7 +225,7 @@ class VllmTypes:
         spec: type = PrimaryLoadStoreSpec
         vllm_spec = getattr(base, "LoadStoreSpec", None)
         if isinstance(vllm_spec, type):  # so isinstance(spec, vllm's LoadStoreSpec) holds
-            spec = type("PrimaryLoadStoreSpec", (PrimaryLoadStoreSpec, vllm_spec), {})
+            spec = _spec_class(vllm_spec)
         medium = getattr(base, "Medium", None)  # an enum from July 2026 on, plain str before
         return cls(
             lookup_result=result,

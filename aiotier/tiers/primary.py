@@ -36,7 +36,7 @@ class PrimaryTier:
         if shared_memory:
             from ..shared_arena import create_segment
 
-            self._segment = create_segment(num_blocks * block_size)
+            self._segment = create_segment(num_blocks, block_size)
         try:
             buffer = None if self._segment is None else self._segment.buf
             self.arena = Arena(num_blocks, block_size, buffer=buffer)
@@ -65,6 +65,11 @@ class PrimaryTier:
     def shared_memory_name(self) -> str | None:
         """The shared-memory segment holding the slots (``shared_memory=True``), else None."""
         return None if self._segment is None else str(self._segment.name)
+
+    @property
+    def shared_memory_released(self) -> bool:
+        """The segment's name was removed (its engine closed): no worker can attach any more."""
+        return self._unlinked
 
     def release_shared_memory(self) -> None:
         """Remove the segment's name (once; later calls do nothing): no process can attach any

@@ -28,6 +28,7 @@ Every test ends with no pinned block.
 from __future__ import annotations
 
 import asyncio
+import pickle
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -756,3 +757,33 @@ def test_many_scheduler_threads_over_a_slow_faulty_tier() -> None:
     assert not m.has_pending_work()
     assert m.engine.stats().pinned_blocks == 0
     m.shutdown()
+
+
+class _PicklableVllmSpec:
+    """Stands for vLLM's ``LoadStoreSpec``: a module-level class, as pickle needs."""
+
+
+def test_specs_pickle_to_a_worker_process_as_their_slot_ids() -> None:
+    # vLLM's multiprocess executor pickles the connector metadata, specs included, to workers
+    base_spec = VllmTypes.from_module(
+        SimpleNamespace(
+            LookupResult=SimpleNamespace(__members__=dict.fromkeys(
+                ("MISS", "HIT", "HIT_PENDING", "RETRY"))),
+            LoadStoreSpec=_PicklableVllmSpec, PrepareStoreOutput=PrepareStoreOutput,
+            OffloadingEvent=OffloadingEvent, RequestOffloadingContext=RequestOffloadingContext,
+        )
+    ).load_store_spec  # fmt: skip
+    engine = BlockingEngine(PrimaryTier(4, 16))
+    for types in (VllmTypes(), VllmTypes(load_store_spec=base_spec)):
+        m = AiotierOffloadingManager(engine, types=types)
+        out = m.prepare_store(to_keys([1, 2]), _CTX)
+        assert out is not None
+        sent = pickle.loads(pickle.dumps(out.store_spec))
+        assert type(sent) is type(out.store_spec)
+        assert sent.block_ids == out.store_spec.block_ids and sent.buffers == ()
+        assert isinstance(sent, PrimaryLoadStoreSpec)
+        if types.load_store_spec is base_spec:
+            assert isinstance(sent, _PicklableVllmSpec)
+        m.complete_store(to_keys([1, 2]), _CTX)
+        engine.clear()
+    engine.close()
