@@ -253,8 +253,8 @@ def _close_open_engines() -> None:
 
 
 # At exit the engines must close while their tiers' thread pools still take work and before
-# the interpreter joins the loop's thread: the hook that runs before threads are joined, in
-# reverse order of registration, so after the thread pools' own (imported first). Where it is
-# missing, a plain atexit hook (too late for the pools: their blocks are then not written).
+# the interpreter joins the loop's thread: threading's exit hooks run then, in reverse order
+# of registration, so this one (registered after the pools', imported above) runs first. Where
+# that hook is missing, a plain atexit hook (too late for the pools: blocks not written down).
 _register = getattr(threading, "_register_atexit", atexit.register)
 _register(_close_open_engines)
