@@ -188,7 +188,10 @@ class RespReaderPool:
                 proto = candidate
                 break
         if proto is None:
-            proto = await self._connect()
+            try:
+                proto = await self._connect()
+            except RespError as exc:  # AUTH or SELECT refused: the server's answer, as below
+                raise RespServerError(str(exc)) from None
         ok = False
         try:
             result = await proto.mget(pack_command(b"MGET", *rkeys), keys, bufs)

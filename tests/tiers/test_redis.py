@@ -629,6 +629,25 @@ async def test_password_in_url(redis_server_factory: RedisServerFactory) -> None
     assert "wrong" not in str(info.value)
 
 
+async def test_a_password_changed_under_a_running_tier_makes_reads_errors_not_a_raise(
+    redis_server_factory: RedisServerFactory,
+) -> None:
+    server = redis_server_factory(None, "--requirepass", "one")
+    tier = RedisTier(f"redis://:one@127.0.0.1:{server.port}/0", timeout=2)
+    await tier.open()
+    try:
+        await tier.write(b"k", b"v")
+        admin = redis_asyncio.Redis.from_url(f"redis://:one@127.0.0.1:{server.port}/0")
+        try:
+            await admin.config_set("requirepass", "two")  # the fast reader must log in again
+        finally:
+            await admin.aclose()
+        (got,) = await tier.read_many_into([b"k"], [buf(4)])
+        assert isinstance(got, Exception) and "WRONGPASS" in str(got)
+    finally:
+        await tier.aclose()
+
+
 # The ACL that docs/operations.md recommends: keys of one namespace, only the commands used.
 DOC_ACL = (
     "on >tier-pw ~fleet:* resetchannels -@all "
