@@ -388,6 +388,9 @@ class SSDTier(SecondaryTier):
         pending = list(last.items())
         try:
             while pending:
+                # a close that began while this waited (for its keys' turn, for room) has
+                # drained the disk work and is saving the index: nothing more may land
+                runner = self._check_open()
                 ops, pending = self._plan_writes(pending, runner)
                 if not ops:
                     await self._wait_for_room()

@@ -1333,3 +1333,30 @@ def test_the_nowait_probe_rests_after_finding_the_disk(monkeypatch: pytest.Monke
         clock["now"] += probe.rest / 2
         probe.rest_on()
         assert probe.resting == (clock["now"] < found + probe.rest_max)
+
+
+async def test_a_write_acknowledged_while_the_tier_closes_survives_the_restart(
+    tmp_path: Path,
+) -> None:
+    # the second write waits for its key's turn while aclose() drains and saves the index: it
+    # must either land before the checkpoint or fail, never be acknowledged and then lost
+    for trial in range(20):
+        root = str(tmp_path / f"t{trial}")
+        tier = SSDTier(root, 64 * 8192, block_size=4096, fsync=True)
+        await tier.open()
+        first = asyncio.ensure_future(tier.write(b"k", b"2" * 4096))
+        second = asyncio.ensure_future(tier.write(b"k", b"3" * 4096))
+        await asyncio.sleep(0)
+        closing = asyncio.ensure_future(tier.aclose())
+        _, acked, _ = await asyncio.gather(first, second, closing, return_exceptions=True)
+        again = SSDTier(root, 64 * 8192, block_size=4096, fsync=True)
+        await again.open()
+        try:
+            buf = bytearray(4096)
+            assert await again.read_into(b"k", memoryview(buf)) == 4096
+            if acked is None:  # the second write returned success
+                assert bytes(buf[:1]) == b"3", f"trial {trial}: an acknowledged write was lost"
+            else:
+                assert isinstance(acked, TierUnavailableError)
+        finally:
+            await again.aclose()
