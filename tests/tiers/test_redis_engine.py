@@ -313,7 +313,7 @@ async def test_server_killed_with_promotions_in_flight(
 
 
 @pytest.mark.xfail(
-    strict=True,
+    strict=False,  # the late write wins a race: on a CI cell it sometimes lands first
     raises=AssertionError,
     reason="known bug, not fixed yet: a write batch cut short by the tier's timeout is still "
     "sent when the server resumes (redis-py closes the socket gracefully), after a later "
