@@ -1362,12 +1362,6 @@ async def test_a_write_acknowledged_while_the_tier_closes_survives_the_restart(
             await again.aclose()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="known bug, not fixed yet: a batch that rewrites a key may also choose the key's "
-    "current copy as a victim, and hands that older copy to the tier below",
-)
 async def test_a_batch_that_rewrites_a_key_never_hands_its_older_copy_down(
     tmp_path: Path,
 ) -> None:

@@ -113,6 +113,21 @@ def test_a_keys_own_copy_is_evicted_for_its_rewrite_only_when_nothing_else_can_g
     assert one.write_landed(plan) == -1 and one.lru[b"a"] == plan.slot
 
 
+def test_a_copy_whose_key_is_being_rewritten_goes_last_and_is_never_handed_down() -> None:
+    index = fresh(3)
+    for k in (b"k", b"a", b"b"):
+        landed(index, k)
+    rewrite = index.plan_write(b"k", 5)  # k is the least recent; a goes for it
+    assert rewrite is not None and rewrite.victim is not None and rewrite.victim.key == b"a"
+    plan = index.plan_write(b"x", 5)  # k's copy is older than its write under way: b goes
+    assert plan is not None and plan.victim is not None and plan.victim.key == b"b"
+    last = index.plan_write(b"y", 5)  # only k's old copy is left: taken, not a victim
+    assert last is not None and last.victim is None and b"k" not in index
+    assert index.write_landed(rewrite) == -1 and index.lru[b"k"] == rewrite.slot
+    again = index.plan_write(b"z", 5)  # k's new copy, landed, is an ordinary victim
+    assert again is not None and again.victim is not None and again.victim.key == b"k"
+
+
 def test_a_failed_write_drops_the_older_copy_and_clears_both_slots() -> None:
     index = fresh(3)
     first = landed(index, b"k")
@@ -209,6 +224,8 @@ def test_random_transitions_never_hand_a_held_slot_to_a_write(seed: int) -> None
             if plan is not None:
                 held = {s for _k, s, _q in reads}
                 assert plan.slot not in held, "a write got a slot a read holds"
+                if plan.victim is not None:
+                    assert plan.victim.key not in busy, "a copy being replaced was handed down"
                 assert plan.slot not in clearing
                 writes.append(plan)
                 busy.add(key)

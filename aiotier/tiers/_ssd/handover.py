@@ -43,8 +43,9 @@ class Handover:
 
     def leave(self, key: bytes) -> object:
         """``key`` was evicted; a write will read its bytes. The token to hand to
-        :meth:`arrived` (a key may leave again before an earlier read of it arrived)."""
-        waiters: list[asyncio.Future[None]] = []
+        :meth:`arrived` (a key may leave again before an earlier read of it arrived: reads
+        waiting for the earlier bytes then wait for these, and the earlier read is ignored)."""
+        waiters = [*self.leaving.get(key, ())]  # a new list (the token); the futures carry over
         self.leaving[key] = waiters
         return waiters
 

@@ -16,6 +16,8 @@ The rules the states keep:
   disk; only then is it :attr:`SlotState.FREE` again. So a read never meets another block than
   the one it planned for, and a restart never finds a removed block.
 - Eviction takes the least recently used block no read holds; its slot is the new block's.
+  A block whose key has a newer write under way goes last and is never handed down (its bytes
+  are older than that write's: no tier may get them).
 - Writes and removes of one key never overlap (the tier takes turns per key); reads of a key
   may overlap its write and see the old copy.
 """
@@ -85,7 +87,9 @@ class SSDIndex:
     least recent first.
     """
 
-    __slots__ = ("dirty", "free", "holds", "length", "lru", "next_seq", "seq", "slots", "state")
+    __slots__ = (
+        "dirty", "free", "holds", "length", "lru", "next_seq", "seq", "slots", "state", "writing"
+    )
 
     def __init__(self, slots: int) -> None:
         self.slots = slots
@@ -101,6 +105,8 @@ class SSDIndex:
         self.free: list[int] = []
         #: The sequence number the next write gets (each write's is larger than any on disk).
         self.next_seq = 1
+        #: Keys with a planned write that has not landed or failed yet.
+        self.writing: set[bytes] = set()
 
     def __len__(self) -> int:
         return len(self.lru)
@@ -199,8 +205,9 @@ class SSDIndex:
 
     def plan_write(self, key: bytes, length: int) -> WritePlan | None:
         """Plan a write of ``length`` bytes under ``key``: a free slot, else the slot of the
-        least recently used block no read holds (evicted now). The key's own live copy stays
-        readable until the write lands, unless it is the only block that can make room.
+        least recently used block no read holds (evicted now). A copy about to be replaced (the
+        key's own, or one whose key has a write under way) goes only when nothing else can, and
+        is not a victim: its bytes are superseded, so nothing hands them down.
         None when every slot is being written or read: ask again once some work ended."""
         victim: Victim | None = None
         if self.free:
@@ -212,28 +219,32 @@ class SSDIndex:
                 return None
             vkey, slot = found
             del self.lru[vkey]
-            if vkey != key:
+            if vkey != key and vkey not in self.writing:
                 victim = Victim(vkey, slot, self.seq[slot], self.length[slot])
             dirty = True
+        self.writing.add(key)
         self.state[slot] = WRITING
         seq = self.next_seq
         self.next_seq = seq + 1
         return WritePlan(key, slot, seq, length, dirty, victim)
 
     def _evictable(self, key: bytes) -> tuple[bytes, int] | None:
-        holds = self.holds
-        own: tuple[bytes, int] | None = None
+        """The least recent block no read holds, preferring one no write is replacing."""
+        holds, writing = self.holds, self.writing
+        replaced: tuple[bytes, int] | None = None
         for k, s in self.lru.items():
             if holds[s] == 0:
-                if k != key:
+                if k != key and k not in writing:
                     return k, s
-                own = (k, s)
-        return own
+                if replaced is None:
+                    replaced = (k, s)
+        return replaced
 
     def write_landed(self, plan: WritePlan) -> int:
         """The write (and its ``fdatasync``) completed: the key points at the new slot, the
         most recent. The slot of the copy it replaced, to clear, else -1."""
         slot = plan.slot
+        self.writing.discard(plan.key)
         old = self.lru.pop(plan.key, None)
         self.lru[plan.key] = slot
         self.state[slot] = LIVE
@@ -249,6 +260,7 @@ class SSDIndex:
         """The write failed: the slot may hold part of it, and the key's older copy goes too
         (no tier may serve older bytes once a newer write was accepted). The slots to clear."""
         slot = plan.slot
+        self.writing.discard(plan.key)
         self.state[slot] = RETIRING
         self.holds[slot] += 1
         out = [slot]
