@@ -39,6 +39,7 @@ from ..errors import (
     TieringError,
     TierUnavailableError,
 )
+from ._late_writes import LateWriteGuard
 from ._outage import GuardedTier, ServerGuard
 from ._resp import RespReaderPool, RespServerError
 from .base import SecondaryTier, TierUsage
@@ -217,6 +218,7 @@ class RedisTier(GuardedTier, SecondaryTier):
         # What this tier instance wrote and has not seen disappear: redis key -> frame size.
         self._written: dict[bytes, int] = {}
         self._bytes_written = 0
+        self._late = LateWriteGuard(f"redis tier {name!r}", _log)
 
     def __repr__(self) -> str:
         state = self._guard.breaker.state.value
@@ -382,6 +384,8 @@ class RedisTier(GuardedTier, SecondaryTier):
 
     async def lookup(self, key: bytes) -> LookupResult:
         rkey = self.redis_key(key)
+        if self._late.trusts_none(rkey):
+            return LookupResult.MISS
         n = await self._call("lookup", lambda c: c.exists(rkey))
         if not n:
             self._forget(rkey)
@@ -390,21 +394,22 @@ class RedisTier(GuardedTier, SecondaryTier):
     async def read_into(self, key: bytes, buf: memoryview) -> int:
         rkey = self.redis_key(key)
         value = await self._call("read", lambda c: c.get(rkey))
-        (outcome,) = await self._settle_reads([rkey], [self._decode_into(key, value, buf)])
+        outcomes = await self._settle_reads([rkey], [buf], [self._decode_into(key, value, buf)])
+        (outcome,) = outcomes
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
 
     async def write(self, key: bytes, data: bytes | memoryview) -> None:
-        rkey = self.redis_key(key)
-        frame = encode_frame(key, data)
-        await self._call("write", lambda c: c.set(rkey, frame, px=self._px))
-        self._remember(rkey, len(frame))
+        error = (await self.write_many([(key, data)]))[0]
+        if error is not None:
+            raise error
 
     async def remove(self, key: bytes) -> bool:
         rkey = self.redis_key(key)
         n = await self._call("remove", lambda c: c.delete(rkey))
         self._forget(rkey)
+        self._late.removed(rkey)
         return bool(n)
 
     async def remove_many(self, keys: Sequence[bytes]) -> list[bool | Exception]:
@@ -424,6 +429,7 @@ class RedisTier(GuardedTier, SecondaryTier):
                 out.append(reply)
             else:
                 self._forget(rkey)
+                self._late.removed(rkey)
                 out.append(bool(reply))
         return out
 
@@ -442,6 +448,7 @@ class RedisTier(GuardedTier, SecondaryTier):
             await pages.aclose()
         self._written.clear()
         self._bytes_written = 0
+        self._late.cleared()
 
     def usage(self) -> TierUsage:
         """What this tier instance wrote and has not seen removed or expired.
@@ -460,8 +467,9 @@ class RedisTier(GuardedTier, SecondaryTier):
         rkeys = [self.redis_key(k) for k in keys]
         flags = await self._call("lookup_many", lambda c: self._exists_many(c, rkeys))
         out: list[LookupResult] = []
+        late = self._late
         for rkey, flag in zip(rkeys, flags, strict=True):
-            if flag:
+            if flag and not (late and late.trusts_none(rkey)):
                 out.append(LookupResult.HIT)
             else:
                 self._forget(rkey)
@@ -503,7 +511,7 @@ class RedisTier(GuardedTier, SecondaryTier):
             outcomes = await self._call("read_many", lambda c: read(c, keys, rkeys, bufs))
         except TieringError as exc:
             return [exc] * len(keys)
-        return await self._settle_reads(rkeys, outcomes)
+        return await self._settle_reads(rkeys, bufs, outcomes)
 
     async def _read_pooled(
         self, client: Any, keys: Sequence[bytes], rkeys: list[bytes], bufs: Sequence[memoryview]
@@ -539,11 +547,16 @@ class RedisTier(GuardedTier, SecondaryTier):
         return out
 
     async def _settle_reads(
-        self, rkeys: Sequence[bytes], outcomes: Sequence[int | Exception]
+        self,
+        rkeys: Sequence[bytes],
+        bufs: Sequence[memoryview],
+        outcomes: list[int | Exception],
     ) -> list[int | Exception]:
         """What every read path reports, from per-key outcomes (a length, -1, or a failure
         that does not name the tier yet): failures name this tier, keys found absent leave the
-        usage figures, and values that failed verification are deleted from the server."""
+        usage figures, and values that failed verification, or that a write cut short brought
+        back (:class:`~._late_writes.LateWriteGuard`), are deleted from the server."""
+        late = self._late.screen(rkeys, bufs, outcomes) if self._late else []
         where = f"redis tier {self.name!r}"
         out: list[int | Exception] = []
         corrupted: list[bytes] = []
@@ -560,7 +573,9 @@ class RedisTier(GuardedTier, SecondaryTier):
             else:  # the server's error reply for this one key
                 out.append(TieringError(f"{where}: read: {r}"))
         if corrupted:
-            await self._drop_corrupted(corrupted)
+            await self._drop(corrupted, "failed verification")
+        if late:
+            await self._drop(late, "a write cut short had brought back")
         return out
 
     async def write_many(
@@ -571,23 +586,33 @@ class RedisTier(GuardedTier, SecondaryTier):
             return []
         rkeys = [self.redis_key(k) for k, _ in items]
         frames = [encode_frame(k, d) for k, d in items]
+        sent = False
 
         async def run(client: Any) -> list[Any]:
+            nonlocal sent
             pipe = _pipeline(client)
             for rkey, frame in zip(rkeys, frames, strict=True):
                 pipe.set(rkey, frame, px=self._px)
+            sent = True
             return list(await pipe.execute(raise_on_error=False))
 
         try:
             replies = await self._call("write_many", run)
-        except TieringError as exc:
-            return [exc] * len(items)
+        except BaseException as exc:
+            if sent:  # unanswered, not known to have failed: it may still land
+                self._late.cut_short(rkeys)
+            if isinstance(exc, TieringError):
+                return [exc] * len(items)
+            raise
+        late = self._late
         out: list[Exception | None] = []
-        for rkey, frame, reply in zip(rkeys, frames, replies, strict=True):
+        for (_key, data), rkey, frame, reply in zip(items, rkeys, frames, replies, strict=True):
             if isinstance(reply, Exception):
                 out.append(TieringError(f"redis tier {self.name!r}: write: {reply}"))
             else:
                 self._remember(rkey, len(frame))
+                if late:
+                    late.written(rkey, data)
                 out.append(None)
         return out
 
@@ -603,15 +628,13 @@ class RedisTier(GuardedTier, SecondaryTier):
         if size is not None:
             self._bytes_written -= size
 
-    async def _drop_corrupted(self, rkeys: list[bytes]) -> None:
-        """Delete values that failed verification, so nobody reads them again (best effort)."""
+    async def _drop(self, rkeys: list[bytes], why: str) -> None:
+        """Delete values nobody may read again (best effort): ``why`` says what they are."""
         for rkey in rkeys:
             self._forget(rkey)
         with contextlib.suppress(TieringError):
-            await self._call("drop_corrupted", lambda c: self._deployment.delete_many(c, rkeys))
-        _log.warning(
-            "redis tier %r: dropped %d value(s) that failed verification", self.name, len(rkeys)
-        )
+            await self._call("drop", lambda c: self._deployment.delete_many(c, rkeys))
+        _log.warning("redis tier %r: dropped %d value(s) that %s", self.name, len(rkeys), why)
 
 
 #: Keys asked of each SCAN and deleted at once by ``clear``.

@@ -567,6 +567,45 @@ async def test_frozen_server_times_out_and_stale_replies_never_leak(
         await t.aclose()
 
 
+async def test_a_write_cut_short_that_lands_late_is_never_read(
+    redis_server_factory: RedisServerFactory,
+) -> None:
+    """A write the timeout cut short may still be carried out when the server resumes, after
+    later writes or removes of the key: the tier reads only the copy it last wrote."""
+    server = redis_server_factory()
+    assert server.proc is not None
+    t = RedisTier(server.url, timeout=0.3, failure_threshold=100)
+    raw = redis_asyncio.Redis.from_url(server.url)
+    await t.open()
+    try:
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            errors = await t.write_many([(b"k", b"OLD"), (b"r", b"OLD")])
+            assert all(isinstance(e, TierUnavailableError) for e in errors)
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        rkeys = [t.redis_key(b"k"), t.redis_key(b"r")]
+
+        async def landed_late() -> bool:
+            return bool(await raw.exists(*rkeys) == 2)
+
+        await poll_until(landed_late)
+        old_k, old_r = await raw.mget(rkeys)
+        await t.write(b"k", b"NEW")
+        assert await t.remove(b"r")
+        # the late writes land again, now after the newer write and the remove
+        await raw.mset(dict(zip(rkeys, (old_k, old_r), strict=True)))
+        assert await t.lookup(b"r") is LookupResult.MISS
+        out = buf(16)
+        assert await t.read_many_into([b"k", b"r"], [out, buf(16)]) == [-1, -1]
+        assert await raw.exists(*rkeys) == 0  # the late copies are deleted
+        await t.write(b"k", b"NEWER")
+        assert await t.read_into(b"k", out) == 5 and bytes(out[:5]) == b"NEWER"
+    finally:
+        await raw.aclose()
+        await t.aclose()
+
+
 async def test_open_with_server_down_does_not_raise_and_recovers(
     redis_server_factory: RedisServerFactory,
 ) -> None:

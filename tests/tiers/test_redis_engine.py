@@ -312,13 +312,6 @@ async def test_server_killed_with_promotions_in_flight(
         await wait_in_redis(server.url, writer_tier, [b"written-again"])
 
 
-@pytest.mark.xfail(
-    strict=False,  # the late write wins a race: on a CI cell it sometimes lands first
-    raises=AssertionError,
-    reason="known bug, not fixed yet: a write batch cut short by the tier's timeout is still "
-    "sent when the server resumes (redis-py closes the socket gracefully), after a later "
-    "write of the same key, whose success cleared the key's stale mark",
-)
 async def test_a_write_that_timed_out_never_brings_older_bytes_back(
     redis_server_factory: RedisServerFactory,
 ) -> None:
@@ -347,4 +340,5 @@ async def test_a_write_that_timed_out_never_brings_older_bytes_back(
         for i in range(100, 170):  # k leaves the primary: a get reads it from Redis
             await e.put(b"g%d" % i, bytes(size))
         await e.flush(timeout=30)
-        assert await e.get(b"k") == b"NEW" * 1000
+        # the late write may have landed over NEW (the server lost it): then k is a MISS
+        assert await e.get(b"k") in (b"NEW" * 1000, None)
