@@ -751,6 +751,36 @@ async def test_a_symlink_planted_as_a_slot_file_is_refused(root: Path, tmp_path:
     assert outside.exists()
 
 
+@pytest.mark.parametrize("name", ["slots-0000", "checkpoint", "aiotier-ssd"])
+async def test_a_fifo_planted_as_a_tier_file_is_refused_not_waited_on(
+    root: Path, name: str
+) -> None:
+    async with SSDTier(root, MiB, block_size=4096) as t:
+        await t.write(b"k", b"v")
+    (root / name).unlink()
+    os.mkfifo(root / name)  # opening it for reading would wait for a writer forever
+    if name == "checkpoint":  # not a checkpoint to use: the headers are scanned
+        info = await asyncio.wait_for(asyncio.to_thread(inspect_directory, root), 10)
+        assert (info.source, info.blocks) == ("scan", 1)
+        async with asyncio.timeout(10), SSDTier(root, MiB) as t:
+            assert t.last_start is not None and t.last_start.checkpoint.startswith("unreadable")
+            assert await read(t, b"k") == b"v"
+        return
+    with pytest.raises(TieringError, match="not a regular file"):
+        await asyncio.wait_for(asyncio.to_thread(inspect_directory, root), 10)
+    with pytest.raises(TieringError, match=name):
+        await asyncio.wait_for(SSDTier(root, MiB).open(), 10)
+
+
+async def test_a_directory_in_place_of_the_checkpoint_is_a_config_error(root: Path) -> None:
+    async with SSDTier(root, MiB, block_size=4096) as t:
+        await t.write(b"k", b"v")
+    (root / "checkpoint").unlink()
+    (root / "checkpoint").mkdir()
+    with pytest.raises(ConfigError, match="cannot remove the checkpoint"):
+        await SSDTier(root, MiB).open()
+
+
 # -- directory and lock -----------------------------------------------------------------------
 
 

@@ -27,10 +27,11 @@ from itertools import accumulate, pairwise
 from typing import Final
 
 from ..._types import MAX_KEY_BYTES
+from ...errors import ConfigError
 from ..framing import checksum
 from .index import SSDIndex
 from .layout import CHECKPOINT_NAME, TMP_PREFIX, Geometry
-from .syscalls import O_CLOEXEC, O_NOFOLLOW, fsync_dir, replace_file
+from .syscalls import fsync_dir, open_regular, replace_file
 
 __all__ = ["Checkpoint", "read_checkpoint", "remove_checkpoint", "write_checkpoint"]
 
@@ -95,7 +96,7 @@ def read_checkpoint(root: str) -> Checkpoint | str:
     """The checkpoint in ``root``, verified, or why there is none to use."""
     path = os.path.join(root, CHECKPOINT_NAME)
     try:
-        fd = os.open(path, os.O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+        fd = open_regular(path, os.O_RDONLY)
     except FileNotFoundError:
         return "absent"
     except OSError as exc:
@@ -151,5 +152,11 @@ def remove_checkpoint(root: str) -> None:
     """Remove the checkpoint for good (before the tier takes a write: see the module doc)."""
     path = os.path.join(root, CHECKPOINT_NAME)
     if os.path.lexists(path):
-        os.unlink(path)
+        try:
+            os.unlink(path)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot remove the checkpoint {path} ({exc.strerror or exc}): it is not the "
+                f"tier's; remove it"
+            ) from exc
         fsync_dir(root)

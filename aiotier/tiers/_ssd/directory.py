@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import stat
 import time
 from dataclasses import dataclass, field
 
@@ -29,7 +28,7 @@ from .layout import (
     slot_file_name,
 )
 from .startup import SSDStart, load_index, write_last_open
-from .syscalls import O_CLOEXEC, O_NOFOLLOW, replace_file, unlink_quiet
+from .syscalls import O_CLOEXEC, O_NOFOLLOW, open_regular, replace_file, unlink_quiet
 
 __all__ = ["SlotFiles", "format1_message", "open_directory", "open_slot_files", "read_marker"]
 
@@ -72,8 +71,11 @@ def format1_message(where: str) -> str:
 def read_marker(root: str, where: str) -> str | None:
     """The marker's text (format 2 checked), or None when there is none."""
     try:
-        with open(os.path.join(root, MARKER_NAME), encoding="ascii") as f:
-            text = f.read(4096)
+        fd = open_regular(os.path.join(root, MARKER_NAME), os.O_RDONLY)
+        try:
+            text = os.read(fd, 4096).decode("ascii")
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as exc:
@@ -137,7 +139,7 @@ def open_slot_files(
     fds: dict[int, int] = {}
     sizes: dict[int, int] = {}
     foreign = 0
-    flags = _RW if writable else os.O_RDONLY | O_CLOEXEC | O_NOFOLLOW
+    flags = _RW if writable else os.O_RDONLY
     try:
         for name in os.listdir(root):
             index = slot_file_index(name)
@@ -150,14 +152,11 @@ def open_slot_files(
                 continue
             path = os.path.join(root, name)
             try:
-                fd = os.open(path, flags)
+                fd = open_regular(path, flags)
             except OSError as exc:
                 raise ConfigError(f"{where}: cannot open {name} ({exc.strerror or exc})") from exc
             fds[index] = fd
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise ConfigError(f"{where}: {name} is not a regular file")
-            sizes[index] = st.st_size
+            sizes[index] = os.fstat(fd).st_size
     except BaseException:
         for fd in fds.values():
             os.close(fd)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import time
 from collections.abc import Callable
 from typing import Final
@@ -19,6 +20,7 @@ __all__ = [
     "O_NOFOLLOW",
     "NowaitProbe",
     "fsync_dir",
+    "open_regular",
     "pwrite_all",
     "read_exact_into",
     "replace_file",
@@ -30,6 +32,22 @@ __all__ = [
 O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 #: The tier's files are never followed through a symlink planted at their path.
 O_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
+
+
+def open_regular(path: str, flags: int) -> int:
+    """``os.open`` of a file the tier reads, refusing anything but a regular file: never
+    through a symlink, and a FIFO or device planted at the path is refused instead of blocking
+    the open. Raises ``OSError`` naming what was found."""
+    fd = os.open(path, flags | os.O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"not a regular file (mode {stat.filemode(mode)})", path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 #: Let a runnable thread waiting for this CPU run (the event loop, most often); returns at once
