@@ -5,6 +5,7 @@ engine's close removes it."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import subprocess
 import sys
@@ -122,3 +123,13 @@ def test_every_page_of_a_shared_arena_is_reserved_when_it_is_made() -> None:
         assert st.st_blocks * 512 >= 64 * 4096  # allocated, not a sparse file
     finally:
         primary.release_shared_memory()
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="segments are files in /dev/shm on Linux")
+def test_a_primary_no_engine_ever_opened_removes_its_segment_when_collected() -> None:
+    primary = PrimaryTier(2, 64, shared_memory=True)
+    name = primary.shared_memory_name
+    assert name is not None and os.path.exists(os.path.join("/dev/shm", name))
+    del primary
+    gc.collect()
+    assert not os.path.exists(os.path.join("/dev/shm", name))

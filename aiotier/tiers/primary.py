@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any
 
 from .._core.arena import Arena, check_geometry
@@ -20,7 +21,8 @@ class PrimaryTier:
     It is plain synchronous state; the engine drives it. A block holds up to ``block_size`` bytes
     and remembers its length. With ``shared_memory=True`` the slots live in a POSIX
     shared-memory segment (:attr:`shared_memory_name`) that worker processes map with
-    :class:`~aiotier.SharedArena`; the engine removes its name when it closes. Creating one
+    :class:`~aiotier.SharedArena`; the engine removes its name when it closes (and so does
+    the tier's garbage collection, or the interpreter's exit, if no engine ever did). Creating one
     makes system calls (and may start Python's resource tracker process): do it before the
     event loop runs, or in a thread (``await asyncio.to_thread(PrimaryTier, ...)``).
     """
@@ -32,11 +34,12 @@ class PrimaryTier:
             raise ConfigError(f"policy must be 'lru' or 'arc', got {policy!r}")
         check_geometry(num_blocks, block_size)
         self._segment: Any = None
-        self._unlinked = False
+        self._release: weakref.finalize[Any, PrimaryTier] | None = None
         if shared_memory:
             from ..shared_arena import create_segment
 
             self._segment = create_segment(num_blocks, block_size)
+            self._release = weakref.finalize(self, _unlink, self._segment)
         try:
             buffer = None if self._segment is None else self._segment.buf
             self.arena = Arena(num_blocks, block_size, buffer=buffer)
@@ -69,16 +72,14 @@ class PrimaryTier:
     @property
     def shared_memory_released(self) -> bool:
         """The segment's name was removed (its engine closed): no worker can attach any more."""
-        return self._unlinked
+        return self._release is not None and not self._release.alive
 
     def release_shared_memory(self) -> None:
         """Remove the segment's name (once; later calls do nothing): no process can attach any
         more, those attached keep their mapping. The engine calls this when it closes."""
         # the segment object stays referenced: the arena's views of it live as long as we do
-        if self._segment is not None and not self._unlinked:
-            self._unlinked = True
-            with contextlib.suppress(FileNotFoundError):
-                self._segment.unlink()
+        if self._release is not None:
+            self._release()
 
     def usage(self) -> TierUsage:
         # a metrics reader's thread asks while the loop changes the index: copied at once
@@ -86,3 +87,8 @@ class PrimaryTier:
         slots = list(self.table.index.values())
         lengths = self.arena.lengths
         return TierUsage(len(slots), sum(lengths[s] for s in slots), self.arena.nbytes)
+
+
+def _unlink(segment: Any) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        segment.unlink()
