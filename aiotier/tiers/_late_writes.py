@@ -2,62 +2,90 @@
 
 A write cut short by the tier's timeout or a lost connection is not known to have failed: its
 request may sit in the server's socket buffer (a stalled server, a paused VM) and land after a
-later write of the same key succeeded, bringing the older bytes back. The engine stops reading
-a key from a tier whose write failed until a later one succeeds, but only the tier can tell
-which copy on the server is the one it last wrote. So the tier remembers, per key whose write
-was cut short, the checksum of the only copy it trusts since (None: no copy, as after a cut
-short write or a remove), and a read that finds any other copy reports the key absent.
+later write or remove of the same key, bringing older bytes back. The engine stops reading a
+key from a tier whose write failed until a later one succeeds, so only the tier can tell a
+late copy from a good one: it remembers the checksums of the payloads whose writes were cut
+short, and once a later write or remove of the key was acknowledged, a copy with one of those
+checksums (and not the acknowledged write's) is a late write: reported absent. Any other copy
+is served: the tier's own acknowledged write, or another engine's.
 
 Plain synchronous code, no I/O: the tier calls it around its round trips. A key stays doubted
-until the tier is closed, as the server gives no sign that a dead connection's requests are
-all done; at most :data:`MAX_DOUBTED` keys are kept (the oldest doubt is forgotten first, with
-a warning), a bound a server that stalls now and then never comes near.
+until the tier is garbage-collected, as the server gives no sign that a dead connection's
+requests are all done; at most :data:`MAX_DOUBTED` keys are kept (the oldest doubt is
+forgotten first, with a warning), a bound a server that stalls now and then never comes near.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Final
 
+from .._types import Buffer
 from .framing import checksum
 
 __all__ = ["MAX_DOUBTED", "LateWriteGuard"]
 
-#: Keys doubted at most (about 200 bytes each).
-MAX_DOUBTED: Final = 1 << 18
+#: Keys doubted at most (a few hundred bytes each).
+MAX_DOUBTED = 1 << 18
+
+
+class _Doubt:
+    """The payloads of one key whose writes were cut short."""
+
+    __slots__ = ("pending", "superseded")
+
+    def __init__(self) -> None:
+        #: Checksums of writes cut short since the last acknowledged write or remove: any of
+        #: them may be the newest bytes tried, so a copy of them is served.
+        self.pending: set[int] = set()
+        #: Checksums of writes cut short before a later write or remove was acknowledged: a
+        #: copy of them landed late, and is never served.
+        self.superseded: set[int] = set()
+
+    def acknowledged(self, written: int | None) -> None:
+        """A write (of the payload whose checksum is ``written``) or a remove (None)."""
+        # bytes cut short before and now acknowledged are right, until a later write or
+        # remove: then a late copy of them is late too
+        again = written in self.pending or written in self.superseded
+        self.superseded |= self.pending
+        self.pending.clear()
+        if again:
+            self.superseded.discard(written)
+            self.pending.add(written)  # type: ignore[arg-type]
 
 
 class LateWriteGuard:
-    """Server keys whose last write was cut short, and the copy each may still be read as."""
+    """Server keys whose writes were cut short, and which copies of them never to read."""
 
-    __slots__ = ("_trusted", "forgotten", "log", "what")
+    __slots__ = ("_doubts", "forgotten", "log", "what")
 
     def __init__(self, what: str, log: logging.Logger) -> None:
         self.what = what
         self.log = log
-        #: server key -> checksum of the payload this tier last wrote there, or None.
-        self._trusted: dict[bytes, int | None] = {}
+        self._doubts: dict[bytes, _Doubt] = {}
         #: Doubts dropped to stay within :data:`MAX_DOUBTED`.
         self.forgotten = 0
 
     def __bool__(self) -> bool:
-        return bool(self._trusted)
+        return bool(self._doubts)
 
     def __len__(self) -> int:
-        return len(self._trusted)
+        return len(self._doubts)
 
-    def cut_short(self, keys: Iterable[bytes]) -> None:
-        """Writes of ``keys`` were sent, or may have been, and never answered: any copy of them
-        on the server may be older than the engine's, until this tier writes them again."""
-        trusted = self._trusted
-        for key in keys:
-            trusted.pop(key, None)
-            trusted[key] = None
-        over = len(trusted) - MAX_DOUBTED
+    def cut_short(self, items: Iterable[tuple[bytes, Buffer]]) -> None:
+        """Writes of these ``(key, payload)`` may have been sent and were never answered: any
+        of them may land later."""
+        doubts = self._doubts
+        for key, payload in items:
+            doubt = doubts.pop(key, None) or _Doubt()
+            doubts[key] = doubt  # the most recent doubt goes last
+            c = checksum(payload)
+            doubt.pending.add(c)
+            doubt.superseded.discard(c)  # the newest bytes tried again
+        over = len(doubts) - MAX_DOUBTED
         if over > 0:
-            for key in list(trusted)[:over]:
-                del trusted[key]
+            for key in list(doubts)[:over]:
+                del doubts[key]
             if not self.forgotten:
                 self.log.warning(
                     "%s: more than %d keys with a write cut short; the oldest are trusted "
@@ -66,40 +94,40 @@ class LateWriteGuard:
                 )  # fmt: skip
             self.forgotten += over
 
-    def written(self, key: bytes, payload: memoryview | bytes) -> None:
-        """A write of ``key`` was acknowledged: only its copy is read from now on."""
-        if key in self._trusted:
-            self._trusted[key] = checksum(payload)
+    def written(self, key: bytes, payload: Buffer) -> None:
+        """A write of ``key`` was acknowledged: writes of it cut short before are late now."""
+        doubt = self._doubts.get(key)
+        if doubt is not None:
+            doubt.acknowledged(checksum(payload))
 
     def removed(self, key: bytes) -> None:
-        """A remove of ``key`` was acknowledged: no copy is read from now on."""
-        if key in self._trusted:
-            self._trusted[key] = None
+        """A remove of ``key`` was acknowledged: writes of it cut short before are late now."""
+        doubt = self._doubts.get(key)
+        if doubt is not None:
+            doubt.acknowledged(None)
 
     def cleared(self) -> None:
-        """Every key was deleted: a copy found later is a late write."""
-        trusted = self._trusted
-        for key in trusted:
-            trusted[key] = None
-
-    def trusts_none(self, key: bytes) -> bool:
-        """No copy of ``key`` on the server may be read."""
-        return key in self._trusted and self._trusted[key] is None
+        """Every key was deleted: writes cut short before are late now."""
+        for doubt in self._doubts.values():
+            doubt.acknowledged(None)
 
     def screen(
         self, keys: Sequence[bytes], bufs: Sequence[memoryview], outcomes: list[int | Exception]
-    ) -> list[bytes]:
-        """Reads of ``keys`` that landed in ``bufs`` (per key its length, -1 or an error):
-        each doubted key whose bytes are not the trusted copy becomes -1 in ``outcomes``. The
-        keys so found (a late write landed: the caller deletes them)."""
-        trusted = self._trusted
-        late: list[bytes] = []
+    ) -> int:
+        """Reads of ``keys`` landed in ``bufs`` (per key its length, -1 or an error): each copy
+        that is a late write becomes -1 in ``outcomes``. How many there were."""
+        doubts = self._doubts
+        late = 0
         for i, key in enumerate(keys):
             n = outcomes[i]
-            if type(n) is int and n >= 0 and key in trusted:
-                want = trusted[key]
-                if want is None or checksum(bufs[i][:n]) != want:
-                    outcomes[i] = -1
-                    trusted[key] = None
-                    late.append(key)
+            doubt = doubts.get(key)
+            if (
+                doubt is not None
+                and doubt.superseded
+                and type(n) is int
+                and n >= 0
+                and checksum(bufs[i][:n]) in doubt.superseded
+            ):
+                outcomes[i] = -1
+                late += 1
         return late

@@ -33,6 +33,7 @@ from typing import Any, Final, TypeVar
 
 from .._types import LookupResult
 from ..errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
+from ._late_writes import LateWriteGuard
 from ._lookahead import LookAhead
 from ._object_client import ObstoreClient, Refused, ServerBusy, Unreachable
 from ._outage import GuardedTier, ServerGuard
@@ -205,6 +206,7 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         # What this tier instance wrote and has not seen disappear: object name -> frame size.
         self._written: dict[str, int] = {}
         self._bytes_written = 0
+        self._late = LateWriteGuard(f"object tier {name!r}", _log)
         #: Requests sent to the server (retries included).
         self.requests = 0
         #: Requests sent again after a 5xx, a throttling answer or a lost connection.
@@ -381,6 +383,7 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         self._recent.clear()
         self._bad.clear()
         self._lookahead.clear()
+        self._late.cleared()
 
     def usage(self) -> TierUsage:
         """What this tier instance wrote and has not seen removed or gone.
@@ -526,6 +529,14 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
             raise BlockCorruptedError(f"object tier {self.name!r}: {name}: {exc}") from None
         except ValueError as exc:
             raise ValueError(f"object tier {self.name!r}: {exc}") from None
+        outcome: list[int | Exception] = [n]
+        if self._late and self._late.screen((key,), (buf,), outcome):
+            # an older write, cut short, landed after a later one: a MISS, remembered by ETag
+            # like a corrupted object (not deleted: the bucket is shared)
+            self._forget(name)
+            self._remember_bad(name, etag)
+            _log.warning("object tier %r: %s is a write landed late; not read", self.name, name)
+            return -1
         self._bad.pop(name, None)
         self._recent.add(name)
         return n
@@ -534,8 +545,11 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         self, items: Sequence[tuple[bytes, bytes | memoryview]]
     ) -> list[Exception | None]:
         """A PUT of each block, at most ``max_concurrency`` at once (each frame is built when
-        its request gets a slot, so memory stays bounded by the slots, not the batch)."""
+        its request gets a slot, so memory stays bounded by the slots, not the batch). Of two
+        writes of one key only the last is sent (PUTs run at once: the server would keep
+        either); the earlier ones get its outcome."""
         deadline = self._deadline()
+        late = self._late
 
         async def one(item: tuple[bytes, bytes | memoryview]) -> None:
             key, data = item
@@ -544,17 +558,33 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
             if self.immutable_keys and await self._held(name, deadline):
                 self.skipped_writes += 1
                 self._recent.add(name)
+                late.written(key, data)  # immutable keys: the bytes held are these
                 return
             frame = encode_frame(key, data)
+
+            async def put() -> None:
+                try:
+                    await self.client.put(name, frame)
+                except BaseException as exc:
+                    if not _not_carried_out(exc):  # it may still land, after a later write
+                        late.cut_short([(key, data)])
+                    raise
+
             try:
-                await self._call("write", lambda: self.client.put(name, frame), deadline)
+                await self._call("write", put, deadline)
             finally:  # a lookup that fetched while the PUT was under way got the old bytes
                 self._lookahead.changed(name)
+            late.written(key, data)
             self._bad.pop(name, None)
             self._recent.add(name)
             self._remember(name, len(frame))
 
-        outcomes = await self._each(items, one)
+        last = {key: i for i, (key, _) in enumerate(items)}
+        sent = [items[i] for i in sorted(last.values())] if len(last) < len(items) else items
+        outcomes = await self._each(sent, one)
+        if sent is not items:
+            by_key = {key: o for (key, _), o in zip(sent, outcomes, strict=True)}
+            outcomes = [by_key[key] for key, _ in items]
         return [o if isinstance(o, Exception) else None for o in outcomes]
 
     async def remove_many(self, keys: Sequence[bytes]) -> list[bool | Exception]:
@@ -580,13 +610,14 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
                 for name in present:
                     self._lookahead.changed(name)
         out: list[bool | Exception] = []
-        for name, head in zip(names, heads, strict=True):
+        for key, name, head in zip(keys, names, heads, strict=True):
             if isinstance(head, Exception):
                 out.append(head)
             elif head is not None and failed is not None:
                 out.append(failed)
             else:
                 self._forget(name)
+                self._late.removed(key)
                 out.append(head is not None)
         return out
 
@@ -605,11 +636,15 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         with another engine's fresh write of the key."""
         self.corrupted += 1
         self._forget(name)
+        self._remember_bad(name, etag)
+        _log.warning("object tier %r: %s failed verification; answered as a MISS", self.name, name)
+
+    def _remember_bad(self, name: str, etag: str) -> None:
+        """Answer MISS for the object ``name`` while its ETag is ``etag`` (the newest few)."""
         self._bad[name] = etag
         self._bad.move_to_end(name)
         while len(self._bad) > _BAD_CAPACITY:
             self._bad.popitem(last=False)
-        _log.warning("object tier %r: %s failed verification; answered as a MISS", self.name, name)
 
     def _remember(self, name: str, size: int) -> None:
         old = self._written.get(name, 0)
@@ -650,3 +685,8 @@ def _check_prefix(prefix: object) -> None:
             f"ObjectStoreTier prefix must be empty or end with '/', made of non-empty segments "
             f"of letters, digits and -_.!*'() (not '.' or '..'): {prefix!r}"
         )
+
+
+def _not_carried_out(exc: BaseException) -> bool:
+    """A PUT's failure that says the server did not store it: a 4xx, or throttled (429, 503)."""
+    return isinstance(exc, Refused) or (isinstance(exc, ServerBusy) and exc.status in (429, 503))

@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from .._types import LookupResult
+from .._types import Buffer, LookupResult
 from ..errors import (
     BlockCorruptedError,
     ConfigError,
@@ -384,8 +384,6 @@ class RedisTier(GuardedTier, SecondaryTier):
 
     async def lookup(self, key: bytes) -> LookupResult:
         rkey = self.redis_key(key)
-        if self._late.trusts_none(rkey):
-            return LookupResult.MISS
         n = await self._call("lookup", lambda c: c.exists(rkey))
         if not n:
             self._forget(rkey)
@@ -401,9 +399,11 @@ class RedisTier(GuardedTier, SecondaryTier):
         return outcome
 
     async def write(self, key: bytes, data: bytes | memoryview) -> None:
-        error = (await self.write_many([(key, data)]))[0]
-        if error is not None:
-            raise error
+        rkey = self.redis_key(key)
+        frame = encode_frame(key, data)
+        await self._write_call("write", [(rkey, data)], lambda c: c.set(rkey, frame, px=self._px))
+        self._remember(rkey, len(frame))
+        self._late.written(rkey, data)
 
     async def remove(self, key: bytes) -> bool:
         rkey = self.redis_key(key)
@@ -467,9 +467,8 @@ class RedisTier(GuardedTier, SecondaryTier):
         rkeys = [self.redis_key(k) for k in keys]
         flags = await self._call("lookup_many", lambda c: self._exists_many(c, rkeys))
         out: list[LookupResult] = []
-        late = self._late
         for rkey, flag in zip(rkeys, flags, strict=True):
-            if flag and not (late and late.trusts_none(rkey)):
+            if flag:
                 out.append(LookupResult.HIT)
             else:
                 self._forget(rkey)
@@ -554,9 +553,11 @@ class RedisTier(GuardedTier, SecondaryTier):
     ) -> list[int | Exception]:
         """What every read path reports, from per-key outcomes (a length, -1, or a failure
         that does not name the tier yet): failures name this tier, keys found absent leave the
-        usage figures, and values that failed verification, or that a write cut short brought
-        back (:class:`~._late_writes.LateWriteGuard`), are deleted from the server."""
-        late = self._late.screen(rkeys, bufs, outcomes) if self._late else []
+        usage figures, values that failed verification are deleted from the server, and
+        copies a write cut short brought back (:class:`~._late_writes.LateWriteGuard`) are
+        absent."""
+        if self._late and self._late.screen(rkeys, bufs, outcomes):
+            _log.info("redis tier %r: a write cut short had landed late: not read", self.name)
         where = f"redis tier {self.name!r}"
         out: list[int | Exception] = []
         corrupted: list[bytes] = []
@@ -573,9 +574,7 @@ class RedisTier(GuardedTier, SecondaryTier):
             else:  # the server's error reply for this one key
                 out.append(TieringError(f"{where}: read: {r}"))
         if corrupted:
-            await self._drop(corrupted, "failed verification")
-        if late:
-            await self._drop(late, "a write cut short had brought back")
+            await self._drop_corrupted(corrupted)
         return out
 
     async def write_many(
@@ -586,24 +585,18 @@ class RedisTier(GuardedTier, SecondaryTier):
             return []
         rkeys = [self.redis_key(k) for k, _ in items]
         frames = [encode_frame(k, d) for k, d in items]
-        sent = False
 
         async def run(client: Any) -> list[Any]:
-            nonlocal sent
             pipe = _pipeline(client)
             for rkey, frame in zip(rkeys, frames, strict=True):
                 pipe.set(rkey, frame, px=self._px)
-            sent = True
             return list(await pipe.execute(raise_on_error=False))
 
+        payloads = [(rkey, data) for rkey, (_k, data) in zip(rkeys, items, strict=True)]
         try:
-            replies = await self._call("write_many", run)
-        except BaseException as exc:
-            if sent:  # unanswered, not known to have failed: it may still land
-                self._late.cut_short(rkeys)
-            if isinstance(exc, TieringError):
-                return [exc] * len(items)
-            raise
+            replies = await self._write_call("write_many", payloads, run)
+        except TieringError as exc:
+            return [exc] * len(items)
         late = self._late
         out: list[Exception | None] = []
         for (_key, data), rkey, frame, reply in zip(items, rkeys, frames, replies, strict=True):
@@ -615,6 +608,30 @@ class RedisTier(GuardedTier, SecondaryTier):
                     late.written(rkey, data)
                 out.append(None)
         return out
+
+    async def _write_call(
+        self,
+        op: str,
+        payloads: Sequence[tuple[bytes, Buffer]],
+        fn: Callable[[Any], Awaitable[_T]],
+    ) -> _T:
+        """:meth:`_call` of a write of ``payloads`` (server key, payload): a write that began
+        and got no answer (timeout, lost connection, cancellation) may still land later."""
+        began = False
+
+        async def run(client: Any) -> _T:
+            nonlocal began
+            began = True  # past the breaker: from here on it may reach the server
+            return await fn(client)
+
+        try:
+            return await self._call(op, run)
+        except BaseException as exc:
+            # an error reply means nothing was written; anything else may still land
+            answered = isinstance(exc, TieringError) and not isinstance(exc, TierUnavailableError)
+            if began and not answered:
+                self._late.cut_short(payloads)
+            raise
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -628,13 +645,15 @@ class RedisTier(GuardedTier, SecondaryTier):
         if size is not None:
             self._bytes_written -= size
 
-    async def _drop(self, rkeys: list[bytes], why: str) -> None:
-        """Delete values nobody may read again (best effort): ``why`` says what they are."""
+    async def _drop_corrupted(self, rkeys: list[bytes]) -> None:
+        """Delete values that failed verification, so nobody reads them again (best effort)."""
         for rkey in rkeys:
             self._forget(rkey)
         with contextlib.suppress(TieringError):
-            await self._call("drop", lambda c: self._deployment.delete_many(c, rkeys))
-        _log.warning("redis tier %r: dropped %d value(s) that %s", self.name, len(rkeys), why)
+            await self._call("drop_corrupted", lambda c: self._deployment.delete_many(c, rkeys))
+        _log.warning(
+            "redis tier %r: dropped %d value(s) that failed verification", self.name, len(rkeys)
+        )
 
 
 #: Keys asked of each SCAN and deleted at once by ``clear``.

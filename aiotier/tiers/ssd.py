@@ -459,6 +459,8 @@ class SSDTier(SecondaryTier):
                 else:
                     clear.extend(index.write_failed(plan))
                     results[j] = self._write_error(plan.key, err)
+                    if plan.replaces and self.report_evicted and not self.handover_evicted:
+                        self._evicted_keys.append(plan.key)  # its older copy is gone too
             if clear:
                 self._clear(clear)
             self._room.set()

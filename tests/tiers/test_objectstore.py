@@ -220,6 +220,58 @@ async def test_overwritten_object_is_a_counted_miss_and_never_returned(
         await reader.aclose()
 
 
+class AnswerLost:
+    """The tier's client, except that a PUT reaches the server and its answer never comes back
+    (a reset connection, a deadline): the tier cannot tell it from a PUT that never landed."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def put(self, name: str, frame: bytes) -> None:
+        await self.inner.put(name, frame)
+        raise Unreachable("connection reset")
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+
+async def test_a_write_whose_answer_was_lost_that_lands_late_is_never_read(
+    s3: S3Endpoint,
+) -> None:
+    """The server may carry out such a PUT (or one of its retries) after a later write or
+    remove of the key: that copy is never read, any other is."""
+    t = tier_on(s3, timeout=0.3, retry_base=0.01, failure_threshold=100)
+    await t.open()
+    try:
+        real = t.client
+        t.client = AnswerLost(real)  # type: ignore[assignment]
+        errors = await t.write_many([(b"k", b"OLD"), (b"r", b"OLD")])
+        assert all(isinstance(e, TierUnavailableError) for e in errors)
+        t.client = real
+        names = [t.object_name(b"k"), t.object_name(b"r")]
+        late = [await raw_get(s3, n) for n in names]
+        assert await read_back(t, b"k") == b"OLD"  # nothing newer acknowledged: the newest tried
+        await t.write(b"k", b"NEW")
+        assert await t.remove(b"r")
+        for name, frame in zip(names, late, strict=True):  # they land again, after those
+            await raw_put(s3, name, frame)
+        assert await read_back(t, b"k") is None and await read_back(t, b"r") is None
+        assert await t.lookup(b"k") is MISS  # known by its ETag now: no request
+        await raw_put(s3, names[0], encode_frame(b"k", b"THEIRS"))  # another engine's write
+        assert await read_back(t, b"k") == b"THEIRS"
+        await t.write(b"k", b"NEWER")
+        assert await read_back(t, b"k") == b"NEWER"
+    finally:
+        await t.aclose()
+
+
+async def test_two_writes_of_a_key_in_one_batch_send_only_the_last(tier: ObjectStoreTier) -> None:
+    before = tier.requests
+    assert await tier.write_many([(b"k", b"OLD"), (b"a", b"A"), (b"k", b"NEW")]) == [None] * 3
+    assert tier.requests - before == 2  # the PUTs of one batch run at once: either could win
+    assert await read_back(tier, b"k") == b"NEW"
+
+
 # -- lookups, hints, usage, removes ---------------------------------------------------------------
 
 

@@ -1080,6 +1080,18 @@ async def test_a_failed_write_drops_the_older_copy_and_the_tier_goes_on(
     assert sum(f.stat().st_size for f in slot_files(root)) == size  # never grows
 
 
+async def test_a_failed_write_reports_the_older_copy_it_dropped_as_gone(
+    tier: SSDTier, eio: Callable[[bool], None]
+) -> None:
+    tier.configure_evictions(hand_over=False)  # as under an engine that reports evictions
+    await tier.write_many([(b"k", b"previous"), (b"other", b"x")])
+    eio(True)
+    errors = await tier.write_many([(b"k", b"newer"), (b"new", b"y")])
+    assert all(isinstance(e, TierUnavailableError) for e in errors)
+    eio(False)
+    assert tier.take_evicted_keys() == [b"k"]  # "new" never had a copy: nothing to report
+
+
 async def test_fsync_mode_syncs_each_batch_once_per_file_and_survives_restart(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -54,8 +54,9 @@ def test_a_write_is_readable_only_once_it_landed() -> None:
 def test_a_rewrite_goes_to_another_slot_and_the_old_one_is_freed_after_clearing() -> None:
     index = fresh(3)
     first = landed(index, b"k")
+    assert not first.replaces
     plan = index.plan_write(b"k", 20)
-    assert plan is not None and plan.slot != first.slot
+    assert plan is not None and plan.slot != first.slot and plan.replaces
     # while the new copy is written, reads still get the old one
     assert index.pin(b"k") == first.slot
     old = index.write_landed(plan)

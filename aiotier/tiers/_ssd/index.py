@@ -63,12 +63,21 @@ class Victim:
 
 class WritePlan:
     """What one write needs: the slot, its sequence number, whether the slot's header on disk
-    may still be valid (``dirty``: clear it before writing the payload) and what it evicts."""
+    may still be valid (``dirty``: clear it before writing the payload), what it evicts, and
+    whether the key had a copy when it was planned (``replaces``: a failed write leaves none)."""
 
-    __slots__ = ("dirty", "key", "length", "seq", "slot", "victim")
+    __slots__ = ("dirty", "key", "length", "replaces", "seq", "slot", "victim")
 
     def __init__(
-        self, key: bytes, slot: int, seq: int, length: int, dirty: bool, victim: Victim | None
+        self,
+        key: bytes,
+        slot: int,
+        seq: int,
+        length: int,
+        dirty: bool,
+        victim: Victim | None,
+        *,
+        replaces: bool = False,
     ) -> None:
         self.key = key
         self.slot = slot
@@ -76,6 +85,7 @@ class WritePlan:
         self.length = length
         self.dirty = dirty
         self.victim = victim
+        self.replaces = replaces
 
 
 class SSDIndex:
@@ -210,6 +220,7 @@ class SSDIndex:
         is not a victim: its bytes are superseded, so nothing hands them down.
         None when every slot is being written or read: ask again once some work ended."""
         victim: Victim | None = None
+        replaces = key in self.lru
         if self.free:
             slot = self.free.pop()
             dirty = bool(self.dirty[slot])
@@ -226,7 +237,7 @@ class SSDIndex:
         self.state[slot] = WRITING
         seq = self.next_seq
         self.next_seq = seq + 1
-        return WritePlan(key, slot, seq, length, dirty, victim)
+        return WritePlan(key, slot, seq, length, dirty, victim, replaces=replaces)
 
     def _evictable(self, key: bytes) -> tuple[bytes, int] | None:
         """The least recent block no read holds, preferring one no write is replacing."""
