@@ -145,30 +145,13 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         config: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(name)
-        if not isinstance(bucket, str) or not bucket or "/" in bucket:
-            raise ConfigError(f"ObjectStoreTier bucket must be a bucket name, got {bucket!r}")
-        _check_prefix(prefix)
-        if endpoint_url is not None and (
-            not isinstance(endpoint_url, str)
-            or not endpoint_url.lower().startswith(("http://", "https://"))
-        ):
-            raise ConfigError(
-                f"ObjectStoreTier endpoint_url must be an http:// or https:// URL: {endpoint_url!r}"
-            )
-        if not isinstance(max_concurrency, int) or max_concurrency < 1:
-            raise ConfigError(f"max_concurrency must be an int >= 1, got {max_concurrency!r}")
-        for label, value in (("timeout", timeout), ("connect_timeout", connect_timeout),
-                             ("probe_interval", probe_interval), ("retry_base", retry_base),
-                             ("retry_cap", retry_cap),
-                             ("lookahead_ttl", lookahead_ttl)):  # fmt: skip
-            if not value > 0:
-                raise ConfigError(f"ObjectStoreTier {label} must be positive, got {value!r}")
-        if failure_threshold < 1:
-            raise ConfigError(f"failure_threshold must be >= 1, got {failure_threshold!r}")
-        if recent_ttl < 0 or recent_capacity < 0:
-            raise ConfigError("recent_ttl and recent_capacity must not be negative")
-        if not isinstance(lookahead_bytes, int) or lookahead_bytes < 0:
-            raise ConfigError(f"lookahead_bytes must be an int >= 0, got {lookahead_bytes!r}")
+        _check_arguments(
+            bucket, prefix, endpoint_url, max_concurrency, failure_threshold, recent_ttl,
+            recent_capacity, lookahead_bytes,
+            {"timeout": timeout, "connect_timeout": connect_timeout,
+             "probe_interval": probe_interval, "retry_base": retry_base, "retry_cap": retry_cap,
+             "lookahead_ttl": lookahead_ttl},
+        )  # fmt: skip
         self.bucket = bucket
         self.prefix = prefix
         self.endpoint_url = endpoint_url
@@ -656,6 +639,41 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         size = self._written.pop(name, None)
         if size is not None:
             self._bytes_written -= size
+
+
+def _check_arguments(
+    bucket: object,
+    prefix: object,
+    endpoint_url: object,
+    max_concurrency: object,
+    failure_threshold: int,
+    recent_ttl: float,
+    recent_capacity: int,
+    lookahead_bytes: object,
+    positive: dict[str, float],
+) -> None:
+    """Raise :class:`ConfigError` naming the first bad argument of :class:`ObjectStoreTier`."""
+    if not isinstance(bucket, str) or not bucket or "/" in bucket:
+        raise ConfigError(f"ObjectStoreTier bucket must be a bucket name, got {bucket!r}")
+    _check_prefix(prefix)
+    if endpoint_url is not None and (
+        not isinstance(endpoint_url, str)
+        or not endpoint_url.lower().startswith(("http://", "https://"))
+    ):
+        raise ConfigError(
+            f"ObjectStoreTier endpoint_url must be an http:// or https:// URL: {endpoint_url!r}"
+        )
+    if not isinstance(max_concurrency, int) or max_concurrency < 1:
+        raise ConfigError(f"max_concurrency must be an int >= 1, got {max_concurrency!r}")
+    for label, value in positive.items():
+        if not value > 0:
+            raise ConfigError(f"ObjectStoreTier {label} must be positive, got {value!r}")
+    if failure_threshold < 1:
+        raise ConfigError(f"failure_threshold must be >= 1, got {failure_threshold!r}")
+    if recent_ttl < 0 or recent_capacity < 0:
+        raise ConfigError("recent_ttl and recent_capacity must not be negative")
+    if not isinstance(lookahead_bytes, int) or lookahead_bytes < 0:
+        raise ConfigError(f"lookahead_bytes must be an int >= 0, got {lookahead_bytes!r}")
 
 
 def _is_block_name(name: str, prefix: str) -> bool:
