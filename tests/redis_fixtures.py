@@ -7,10 +7,13 @@ command that installs it) but fail in CI (``CI`` set), so Redis coverage is neve
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import time
 from collections.abc import Iterator
@@ -132,6 +135,88 @@ class RedisServer:
     def _signal_and_reap(self, sig: int) -> None:
         proc, self.proc = self.proc, None
         reap(proc, sig)
+
+
+class HoldingRelay:
+    """A TCP relay in front of a server that can lose a request's answer: once armed, the next
+    chunk a client sends that holds ``match`` is kept back and the client's connection reset
+    (its library sees a lost connection and may send the request again); :meth:`release`
+    delivers the kept bytes on a connection of its own, late."""
+
+    def __init__(self, upstream_port: int, match: bytes) -> None:
+        self.upstream_port = upstream_port
+        self.match = match
+        self.armed = False
+        self.held: list[bytes] = []
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._relays: set[asyncio.Task[None]] = set()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    async def __aenter__(self) -> HoldingRelay:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        for task in self._relays:
+            task.cancel()
+        await asyncio.gather(*self._relays, return_exceptions=True)
+        for _ in range(3):  # the transports' closing callbacks
+            await asyncio.sleep(0)
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._relays.add(task)
+        task.add_done_callback(self._relays.discard)
+        writers = [writer]
+        pump: asyncio.Task[None] | None = None
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+            writers.append(up_writer)
+
+            async def answers() -> None:
+                with contextlib.suppress(OSError):
+                    while data := await up_reader.read(1 << 16):
+                        writer.write(data)
+                        await writer.drain()
+
+            pump = asyncio.create_task(answers())
+            while data := await reader.read(1 << 16):
+                if self.armed and self.match in data:
+                    self.armed = False
+                    self.held.append(data)
+                    sock = writer.get_extra_info("socket")
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    writer.transport.abort()  # a reset, no answer
+                    break
+                up_writer.write(data)
+                await up_writer.drain()
+        except OSError:
+            pass
+        finally:
+            for w in writers:
+                w.close()
+            if pump is not None:
+                pump.cancel()
+
+    async def release(self) -> None:
+        """Deliver what was kept back, each on a new connection, and wait for the answers."""
+        for data in self.held:
+            r, w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+            w.write(data)
+            await w.drain()
+            await asyncio.wait_for(r.read(1 << 16), 10)
+            w.close()
+            await w.wait_closed()
+        self.held.clear()
 
 
 class RedisServerFactory:

@@ -354,6 +354,7 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         there): one pass over the listing, each page of up to 1000 names one request, its
         blocks deleted in one bulk request, each with its own deadline."""
         after: str | None = None
+        started = self._late.clear_started()
         while names := await self._call(
             "clear", partial(self.client.list_page, self.prefix, after, _CLEAR_PAGE),
             self._deadline(),
@@ -366,7 +367,7 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         self._recent.clear()
         self._bad.clear()
         self._lookahead.clear()
-        self._late.cleared()
+        self._late.cleared(started)
 
     def usage(self) -> TierUsage:
         """What this tier instance wrote and has not seen removed or gone.
@@ -562,12 +563,17 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
             self._recent.add(name)
             self._remember(name, len(frame))
 
-        last = {key: i for i, (key, _) in enumerate(items)}
-        sent = [items[i] for i in sorted(last.values())] if len(last) < len(items) else items
+        try:
+            named = [bytes(k) if isinstance(k, bytearray | memoryview) else k for k, _ in items]
+            last = {key: i for i, key in enumerate(named)}
+        except TypeError:  # not a key at all: each is sent, and fails on its own
+            last = {}
+        order = sorted(last.values())  # the last write of each key, in the batch's order
+        sent = [items[i] for i in order] if 0 < len(last) < len(items) else items
         outcomes = await self._each(sent, one)
         if sent is not items:
-            by_key = {key: o for (key, _), o in zip(sent, outcomes, strict=True)}
-            outcomes = [by_key[key] for key, _ in items]
+            outcome_of = dict(zip(order, outcomes, strict=True))
+            outcomes = [outcome_of[last[key]] for key in named]
         return [o if isinstance(o, Exception) else None for o in outcomes]
 
     async def remove_many(self, keys: Sequence[bytes]) -> list[bool | Exception]:

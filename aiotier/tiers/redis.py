@@ -29,6 +29,7 @@ import hashlib
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -43,7 +44,7 @@ from ._late_writes import LateWriteGuard
 from ._outage import GuardedTier, ServerGuard
 from ._resp import RespReaderPool, RespServerError
 from .base import SecondaryTier, TierUsage
-from .framing import block_digest, encode_frame, payload_into
+from .framing import HEADER, block_digest, encode_frame, payload_into
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -294,15 +295,12 @@ class RedisTier(GuardedTier, SecondaryTier):
     def _ensure_client(self) -> Any:
         if self._client is not None:
             return self._client
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
-
         kwargs: dict[str, Any] = {
             "socket_timeout": self.timeout,
             "socket_connect_timeout": self.connect_timeout,
             # One immediate retry re-dials a pooled connection the server dropped (a restart);
             # anything more would make callers wait on a dead server. The breaker does the rest.
-            "retry": Retry(NoBackoff(), 1),
+            "retry": _noting_retry(1),
         }
         if self.protocol is not None:
             kwargs["protocol"] = self.protocol
@@ -384,7 +382,9 @@ class RedisTier(GuardedTier, SecondaryTier):
 
     async def lookup(self, key: bytes) -> LookupResult:
         rkey = self.redis_key(key)
-        n = await self._call("lookup", lambda c: c.exists(rkey))
+        flags = [await self._call("lookup", lambda c: c.exists(rkey))]
+        await self._refuse_late_copies([rkey], flags)
+        n = flags[0]
         if not n:
             self._forget(rkey)
         return LookupResult.HIT if n else LookupResult.MISS
@@ -439,6 +439,7 @@ class RedisTier(GuardedTier, SecondaryTier):
         of a cluster), each followed by a delete of what it found; every page and every delete
         is one call within ``timeout``."""
         pattern = _glob_escape(self._prefix) + b"[0-9a-f]" * 32
+        started = self._late.clear_started()
         pages = self._ensure_client().scan_iter(match=pattern, count=_CLEAR_PAGE)
         deployment = self._deployment
         try:
@@ -448,7 +449,7 @@ class RedisTier(GuardedTier, SecondaryTier):
             await pages.aclose()
         self._written.clear()
         self._bytes_written = 0
-        self._late.cleared()
+        self._late.cleared(started)
 
     def usage(self) -> TierUsage:
         """What this tier instance wrote and has not seen removed or expired.
@@ -466,6 +467,7 @@ class RedisTier(GuardedTier, SecondaryTier):
             return []
         rkeys = [self.redis_key(k) for k in keys]
         flags = await self._call("lookup_many", lambda c: self._exists_many(c, rkeys))
+        await self._refuse_late_copies(rkeys, flags)
         out: list[LookupResult] = []
         for rkey, flag in zip(rkeys, flags, strict=True):
             if flag:
@@ -474,6 +476,27 @@ class RedisTier(GuardedTier, SecondaryTier):
                 self._forget(rkey)
                 out.append(LookupResult.MISS)
         return out
+
+    async def _refuse_late_copies(self, rkeys: list[bytes], flags: list[int]) -> None:
+        """Lookups found these keys (``flags[i]`` true): those that may be a write landed late
+        (:class:`~._late_writes.LateWriteGuard`) are asked for their payload checksum, in one
+        round trip, and a late copy's flag is cleared."""
+        late = self._late
+        if not late:
+            return
+        ask = [i for i, found in enumerate(flags) if found and late.refuses_any(rkeys[i])]
+        if not ask:
+            return
+
+        async def checksums(client: Any) -> list[bytes]:
+            pipe = _pipeline(client)
+            for i in ask:
+                pipe.getrange(rkeys[i], *_CHECKSUM_RANGE)
+            return list(await pipe.execute())
+
+        for i, field in zip(ask, await self._call("lookup", checksums), strict=True):
+            if len(field) == 8 and late.refuses(rkeys[i], int.from_bytes(field, "little")):
+                flags[i] = 0
 
     async def _exists_many(self, client: Any, rkeys: list[bytes]) -> list[int]:
         if self._use_script:
@@ -616,22 +639,30 @@ class RedisTier(GuardedTier, SecondaryTier):
         fn: Callable[[Any], Awaitable[_T]],
     ) -> _T:
         """:meth:`_call` of a write of ``payloads`` (server key, payload): a write that began
-        and got no answer (timeout, lost connection, cancellation) may still land later."""
+        and got no answer (timeout, lost connection, cancellation), or that redis-py sent again
+        after a failed attempt, may still land later."""
         began = False
+        retried: list[Exception] = []
 
         async def run(client: Any) -> _T:
             nonlocal began
             began = True  # past the breaker: from here on it may reach the server
             return await fn(client)
 
+        noting = _RETRIED.set(retried)
         try:
-            return await self._call(op, run)
+            result = await self._call(op, run)
         except BaseException as exc:
             # an error reply means nothing was written; anything else may still land
             answered = isinstance(exc, TieringError) and not isinstance(exc, TierUnavailableError)
             if began and not answered:
                 self._late.cut_short(payloads)
             raise
+        finally:
+            _RETRIED.reset(noting)
+        if retried:  # the failed attempt may still land, after a later write
+            self._late.cut_short(payloads)
+        return result
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -654,6 +685,35 @@ class RedisTier(GuardedTier, SecondaryTier):
         _log.warning(
             "redis tier %r: dropped %d value(s) that failed verification", self.name, len(rkeys)
         )
+
+
+#: Where a frame keeps its payload's xxh3-64 (``framing``: bytes 16-23, little-endian), as
+#: ``GETRANGE`` bounds.
+_CHECKSUM_RANGE: Final = (HEADER.size - 8, HEADER.size - 1)
+
+#: The failed attempts redis-py sent again during the current write (``_write_call``), else None.
+_RETRIED: ContextVar[list[Exception] | None] = ContextVar("aiotier_redis_retried", default=None)
+
+
+def _noting_retry(retries: int) -> Any:
+    """redis-py's ``Retry`` (no back-off) that notes each failed attempt in :data:`_RETRIED`: a
+    write attempt that failed and was sent again may still be carried out."""
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    class NotingRetry(Retry):
+        async def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
+            noted = _RETRIED.get()
+            if noted is None:
+                return await super().call_with_retry(do, fail, *args, **kwargs)
+
+            async def note(error: Exception, *rest: Any) -> Any:
+                noted.append(error)
+                return await fail(error, *rest)
+
+            return await super().call_with_retry(do, note, *args, **kwargs)
+
+    return NotingRetry(NoBackoff(), retries)
 
 
 #: Keys asked of each SCAN and deleted at once by ``clear``.

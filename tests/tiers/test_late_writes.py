@@ -8,6 +8,7 @@ import pytest
 
 from aiotier.tiers import _late_writes
 from aiotier.tiers._late_writes import LateWriteGuard
+from aiotier.tiers.framing import checksum
 
 
 def guard() -> LateWriteGuard:
@@ -46,8 +47,26 @@ def test_a_remove_or_a_clear_makes_the_writes_cut_short_before_it_late() -> None
     g.cut_short([(b"a", b"A"), (b"b", b"B")])
     g.removed(b"a")
     assert read(g, {b"a": b"A", b"b": b"B"}) == [-1, 1]
-    g.cleared()
+    g.cleared(g.clear_started())
     assert read(g, {b"b": b"B"}) == [-1]
+
+
+def test_a_write_acknowledged_while_a_clear_ran_stays_readable() -> None:
+    g = guard()
+    g.cut_short([(b"k", b"v1"), (b"j", b"x")])
+    started = g.clear_started()
+    g.written(b"k", b"v1")  # the same bytes again, acknowledged after the clear's delete
+    g.cleared(started)
+    assert read(g, {b"k": b"v1", b"j": b"x"}) == [2, -1]
+
+
+def test_lookups_learn_which_checksums_are_refused() -> None:
+    g = guard()
+    g.cut_short([(b"k", b"old")])
+    assert not g.refuses_any(b"k")  # nothing newer acknowledged yet
+    g.written(b"k", b"new")
+    assert g.refuses_any(b"k") and not g.refuses_any(b"other")
+    assert g.refuses(b"k", checksum(b"old")) and not g.refuses(b"k", checksum(b"new"))
 
 
 def test_the_same_bytes_written_again_are_read_again() -> None:
@@ -69,6 +88,19 @@ def test_bytes_cut_short_then_acknowledged_are_late_once_a_later_write_is() -> N
     assert read(g, {b"k": b"v1"}) == [2]
     g.written(b"k", b"v2")  # the first attempt of v1 may land after this
     assert read(g, {b"k": b"v1"}) == [-1] and read(g, {b"k": b"v2"}) == [2]
+
+
+def test_a_keys_refused_checksums_are_bounded_oldest_forgotten_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_late_writes, "MAX_PER_KEY", 2)
+    g = guard()
+    for v in (b"1", b"2", b"3"):
+        g.cut_short([(b"k", v)])
+        g.written(b"k", b"acked")
+    assert g.forgotten == 1
+    assert read(g, {b"k": b"1"}) == [1]  # forgotten: trusted again
+    assert read(g, {b"k": b"2"}) == [-1] and read(g, {b"k": b"3"}) == [-1]
 
 
 def test_doubts_are_bounded_oldest_forgotten_first(

@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as redis_asyncio
 from helpers import check_written_views_may_be_reused
 from redis.asyncio.connection import AbstractConnection
-from redis_fixtures import RedisServer, RedisServerFactory
+from redis_fixtures import HoldingRelay, RedisServer, RedisServerFactory
 
 from aiotier._types import LookupResult
 from aiotier.errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
@@ -612,6 +612,34 @@ async def test_a_write_cut_short_that_lands_late_is_never_read(
         await raw.aclose()
         await other.aclose()
         await t.aclose()
+
+
+@pytest.mark.parametrize("single", [True, False], ids=["write", "write_many"])
+async def test_a_write_redis_py_sent_again_whose_first_attempt_lands_late_is_never_read(
+    redis_server: RedisServer, single: bool
+) -> None:
+    """redis-py sends a command again after a reset connection: the tier sees it acknowledged,
+    while the first attempt may still reach the server, after a later write."""
+    async with HoldingRelay(redis_server.port, match=b"OLD") as relay:
+        t = RedisTier(relay.url, namespace=f"relay-{single}", timeout=5, failure_threshold=100)
+        await t.open()
+        try:
+            relay.armed = True
+            if single:
+                await t.write(b"k", b"OLD")  # attempt 1 kept back and reset; attempt 2 lands
+            else:
+                assert await t.write_many([(b"k", b"OLD")]) == [None]
+            assert not relay.armed and relay.held
+            await t.write(b"k", b"NEW")
+            await relay.release()  # the first attempt lands now
+            out = buf(16)
+            assert await t.lookup(b"k") is LookupResult.MISS  # the header's checksum said so
+            assert await t.lookup_many([b"k"]) == [LookupResult.MISS]
+            assert await t.read_into(b"k", out) == -1
+            assert await t.read_many_into([b"k"], [out]) == [-1]
+        finally:
+            await t.clear()
+            await t.aclose()
 
 
 async def test_open_with_server_down_does_not_raise_and_recovers(
