@@ -399,6 +399,11 @@ class RedisTier(GuardedTier, SecondaryTier):
         return outcome
 
     async def write(self, key: bytes, data: bytes | memoryview) -> None:
+        if self.cluster:  # its client resends single commands outside the retry it was given
+            error = (await self.write_many([(key, data)]))[0]
+            if error is not None:
+                raise error
+            return
         rkey = self.redis_key(key)
         frame = encode_frame(key, data)
         await self._write_call("write", [(rkey, data)], lambda c: c.set(rkey, frame, px=self._px))
