@@ -392,8 +392,9 @@ class RedisTier(GuardedTier, SecondaryTier):
     async def read_into(self, key: bytes, buf: memoryview) -> int:
         rkey = self.redis_key(key)
         value = await self._call("read", lambda c: c.get(rkey))
-        outcomes = await self._settle_reads([rkey], [buf], [self._decode_into(key, value, buf)])
-        (outcome,) = outcomes
+        (outcome,) = await self._settle_reads(
+            [rkey], [buf], [self._decode_into(key, value, buf)]
+        )
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
@@ -658,9 +659,10 @@ class RedisTier(GuardedTier, SecondaryTier):
         try:
             result = await self._call(op, run)
         except BaseException as exc:
-            # an error reply means nothing was written; anything else may still land
+            # an error reply means nothing was written (unless an earlier attempt was sent);
+            # anything else may still land
             answered = isinstance(exc, TieringError) and not isinstance(exc, TierUnavailableError)
-            if began and not answered:
+            if began and (retried or not answered):
                 self._late.cut_short(payloads)
             raise
         finally:
