@@ -519,7 +519,7 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
             # like a corrupted object (not deleted: the bucket is shared)
             self._forget(name)
             self._remember_bad(name, etag)
-            _log.warning("object tier %r: %s is a write landed late; not read", self.name, name)
+            _log.warning("object tier %r: %s: a write cut short landed late", self.name, name)
             return -1
         self._bad.pop(name, None)
         self._recent.add(name)
