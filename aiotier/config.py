@@ -46,6 +46,7 @@ and ``AIOTIER_ENGINE_BREAKER="failure_threshold=3,cooldown=2"`` (or ``off``) the
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import tomllib
 from collections.abc import Mapping
@@ -59,6 +60,8 @@ from .tiers.base import SecondaryTier
 from .tiers.primary import PrimaryTier
 
 __all__ = ["engine_from_config", "engine_from_env", "load_config"]
+
+_SECTIONS = ("engine", "primary", "demo", "tiers")
 
 _ENGINE_FIELDS = {
     "write_policy": str, "promotion_timeout": float, "max_inflight_promotions": int,
@@ -220,6 +223,8 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
 
     ``AIOTIER_PRIMARY_NUM_BLOCKS``, ``AIOTIER_PRIMARY_BLOCK_SIZE``, ``AIOTIER_PRIMARY_POLICY``,
     ``AIOTIER_ENGINE_<FIELD>`` and ``AIOTIER_TIERS_<N>_<FIELD>`` (``AIOTIER_TIERS_0_TYPE=ssd``).
+    Other ``AIOTIER_*`` variables (the test suite's ``AIOTIER_TEST_LOOP``, say) are not
+    configuration and are left alone, unless their section looks like a misspelt one.
     """
     env = os.environ if environ is None else environ
     config: dict[str, Any] = {}
@@ -227,10 +232,14 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     for name, value in env.items():
         if not name.startswith("AIOTIER_"):
             continue
-        parts = name[len("AIOTIER_"):].lower().split("_", 1)
-        if len(parts) != 2:
-            raise ConfigError(f"{name}: expected AIOTIER_<SECTION>_<FIELD>")
-        section, rest = parts
+        section, _, rest = name[len("AIOTIER_"):].lower().partition("_")
+        if section not in _SECTIONS:
+            near = difflib.get_close_matches(section, _SECTIONS, n=1, cutoff=0.75)
+            if near:
+                raise ConfigError(f"{name}: unknown section {section!r}; did you mean {near[0]!r}?")
+            continue
+        if not rest:
+            raise ConfigError(f"{name}: expected AIOTIER_{section.upper()}_<FIELD>")
         if section in ("engine", "primary", "demo"):
             config.setdefault(section, {})[rest] = value
         elif section == "tiers":
@@ -238,8 +247,6 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
             if not index.isdigit() or not field:
                 raise ConfigError(f"{name}: expected AIOTIER_TIERS_<N>_<FIELD>")
             tiers.setdefault(int(index), {})[field] = value
-        else:
-            raise ConfigError(f"{name}: unknown section {section!r}")
     if tiers:
         config["tiers"] = [tiers[i] for i in sorted(tiers)]
     return config

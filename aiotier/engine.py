@@ -552,7 +552,8 @@ class TieringEngine:
     async def flush(self, timeout: float | None = None) -> None:
         """Await until every queued write and remove has reached its tier.
 
-        Raises ``TimeoutError`` (nothing is dropped) when ``timeout`` passes first.
+        Raises ``TimeoutError`` (nothing is dropped) when ``timeout`` passes first; None means
+        twice ``io_timeout`` (an engine's own bound, so a dead tier cannot hold a flush forever).
         """
         self._check_open()
         assert self._writers is not None

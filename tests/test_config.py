@@ -114,8 +114,15 @@ def test_the_circuit_breaker_is_configured_or_turned_off(tmp_path: Path) -> None
 def test_bad_env_names_are_refused() -> None:
     with pytest.raises(ConfigError, match="AIOTIER_TIERS_X_TYPE"):
         config_from_env({"AIOTIER_TIERS_X_TYPE": "memory"})
-    with pytest.raises(ConfigError, match="unknown section 'cache'"):
-        config_from_env({"AIOTIER_CACHE_SIZE": "1"})
+    with pytest.raises(ConfigError, match="unknown section 'enigne'; did you mean 'engine'"):
+        config_from_env({"AIOTIER_ENIGNE_IO_TIMEOUT": "1"})
+    with pytest.raises(ConfigError, match="AIOTIER_PRIMARY_<FIELD>"):
+        config_from_env({"AIOTIER_PRIMARY": "1"})
+
+
+def test_other_aiotier_variables_are_not_configuration() -> None:
+    env = {"AIOTIER_PRIMARY_NUM_BLOCKS": "4", "AIOTIER_TEST_LOOP": "uvloop", "AIOTIER_DEBUG": "1"}
+    assert config_from_env(env) == {"primary": {"num_blocks": "4"}}
 
 
 def test_broken_toml_is_a_config_error(tmp_path: Path) -> None:
