@@ -309,7 +309,9 @@ def _inspect(args: argparse.Namespace) -> int:
         "duplicates": info.duplicates,
         "last start": None if last is None else last.get("after"),
         "last start seconds": None if last is None else round(last.get("seconds", 0.0), 3),
-        "last start us/block": None if last is None else round(last.get("per_block_us", 0.0), 2),
+        "last start us/block": (
+            round(last.get("per_block_us", 0.0), 2) if last and last.get("blocks") else None
+        ),
     }
     if args.json:
         print(json.dumps({k.replace(" ", "_").replace("/", "_per_"): v for k, v in rows.items()}))
@@ -379,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return int(args.fn(args))
-    except (TieringError, OSError) as exc:
+    except (TieringError, OSError, ImportError) as exc:  # ImportError: an extra is missing
         print(f"aiotier {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

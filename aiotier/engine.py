@@ -189,6 +189,7 @@ class TieringEngine:
         self._ticker: asyncio.Task[None] | None = None
         self._closing: asyncio.Task[None] | None = None
         self._opened = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop that opened it
         #: the answers other threads get without a hop to the loop (``BlockingEngine``)
         self._now = CallerThreadAnswers(self)
 
@@ -242,6 +243,7 @@ class TieringEngine:
                 "closed (workers could no longer attach): create a new PrimaryTier"
             )
         await open_tiers(self.tiers, self.primary.block_size, self.open_timeout, self.io_timeout)
+        self._loop = asyncio.get_running_loop()
         self._opened = True
         self._guard.bind()
         self._fast = not self._core.sightings
@@ -263,6 +265,7 @@ class TieringEngine:
         not stop the close (each of its steps is bounded by ``io_timeout``): it goes on to the
         end, and a second ``aclose()`` awaits it.
         """
+        self._check_loop()
         with self._guard.lock:
             if self._closing is None:
                 self._core.closed = True
@@ -308,6 +311,16 @@ class TieringEngine:
         self._telemetry.detach()
         if self.primary.shared_memory_name is not None:  # system calls: off the loop
             await asyncio.to_thread(self.primary.release_shared_memory)
+
+    def _check_loop(self) -> None:
+        """The engine's tasks, timers and events live on the loop that opened it: awaiting its
+        work from another loop would hang or fail obscurely (checked where a call awaits it)."""
+        if self._loop is not None and asyncio.get_running_loop() is not self._loop:
+            raise TieringError(
+                "this engine belongs to the event loop that opened it and was called from "
+                "another one: open and use it in one loop (asyncio.run once), or use "
+                "BlockingEngine from other threads"
+            )
 
     def _check_open(self) -> None:
         if self._core.closed:
@@ -425,6 +438,7 @@ class TieringEngine:
         if timeout is not None:
             check_positive("timeout", timeout, allow_zero=True)
         self._check_open()
+        self._check_loop()
         return await self._reads.wait(ks, timeout)
 
     # ------------------------------------------------------------------ loads and stores
@@ -542,6 +556,7 @@ class TieringEngine:
         ``clear`` succeeds.
         """
         self._check_open()
+        self._check_loop()
         check_clearable(self.tiers)
         assert self._writers is not None
         await clear_everything(
@@ -556,6 +571,7 @@ class TieringEngine:
         twice ``io_timeout`` (an engine's own bound, so a dead tier cannot hold a flush forever).
         """
         self._check_open()
+        self._check_loop()
         assert self._writers is not None
         await self._writers.drain(
             timeout if timeout is not None else self.io_timeout * 2, discard=False

@@ -426,6 +426,9 @@ def start_prometheus_server(
     app = _probe_app(make_wsgi_app(registry), provider.health_checks)
     try:
         server = make_server(addr, port, app, Server, handler_class=_QuietHandler)
+    except OSError as exc:
+        provider.shutdown()
+        raise OSError(exc.errno, f"cannot serve metrics on {host}:{port}: {exc.strerror}") from exc
     except BaseException:
         provider.shutdown()
         raise

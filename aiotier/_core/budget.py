@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 
+from ..errors import ConfigError
+
 __all__ = ["ByteBudgetLRU"]
 
 
@@ -20,7 +22,7 @@ class ByteBudgetLRU:
 
     def __init__(self, capacity: int) -> None:
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
-            raise ValueError(f"capacity_bytes must be a positive int, got {capacity!r}")
+            raise ConfigError(f"capacity_bytes must be a positive int, got {capacity!r}")
         self.capacity = capacity
         self.used = 0
         self._entries: OrderedDict[bytes, int] = OrderedDict()

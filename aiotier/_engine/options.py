@@ -59,6 +59,11 @@ def engine_options(
 ) -> EngineOptions:
     if not isinstance(primary, PrimaryTier):
         raise TypeError(f"primary must be a PrimaryTier, got {type(primary).__name__}")
+    if isinstance(secondary, SecondaryTier):
+        raise TypeError(
+            f"secondary must be a sequence of tiers, e.g. [{type(secondary).__name__}(...)]; "
+            f"got one {type(secondary).__name__}"
+        )
     tiers = tuple(secondary)
     names = [primary.name]
     for t in tiers:

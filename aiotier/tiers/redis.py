@@ -164,7 +164,8 @@ class RedisTier(GuardedTier, SecondaryTier):
         client_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(name)
-        if not isinstance(url, str) or "://" not in url:
+        schemes = ("redis://", "rediss://", "unix://")
+        if not isinstance(url, str) or not url.lower().startswith(schemes):
             raise ConfigError(
                 f"RedisTier url must be a redis://, rediss:// or unix:// URL: {url!r}"
             )

@@ -529,6 +529,10 @@ def test_bad_construction_is_rejected() -> None:
         TieringEngine(PrimaryTier(1, 8), promotion_timeout=0)
     with pytest.raises(TypeError, match="PrimaryTier"):
         TieringEngine(object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"sequence of tiers, e\.g\. \[MemoryTier\(\.\.\.\)\]"):
+        TieringEngine(PrimaryTier(1, 8), MemoryTier(8))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="capacity_bytes"):
+        MemoryTier("1G")  # type: ignore[arg-type]
 
 
 async def test_calls_before_open_raise() -> None:
@@ -561,3 +565,15 @@ async def test_a_wrong_request_type_is_refused_even_on_a_hit() -> None:
             await e.lookup("a", "r1")  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="RequestContext"):
             await e.lookup_prefix(["a"], "r1")  # type: ignore[arg-type]
+
+
+def test_an_engine_used_from_another_event_loop_says_so() -> None:
+    engine = TieringEngine(PrimaryTier(4, 64), [MemoryTier(1 << 16)])
+    asyncio.run(engine.open())
+
+    async def elsewhere() -> None:
+        for call in (engine.flush(), engine.wait([b"k"]), engine.clear(), engine.aclose()):
+            with pytest.raises(TieringError, match="belongs to the event loop that opened it"):
+                await call
+
+    asyncio.run(elsewhere())

@@ -150,3 +150,12 @@ def test_grafana_dashboard_uses_only_spec_metric_names() -> None:
                 used.add(name.removesuffix("_bucket"))
     assert used <= names, used - names
     assert names <= used, names - used  # every metric has a panel
+
+
+def test_a_metrics_port_in_use_is_an_error_naming_it() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+            start_prometheus_server(port=port)

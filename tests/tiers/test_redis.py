@@ -956,6 +956,7 @@ async def test_cluster_mode_round_trips_across_slots(cluster_server: RedisServer
     "kwargs",
     [
         {"url": "localhost:6379"},
+        {"url": "http://localhost:6379"},
         {"namespace": ""},
         {"ttl": 0},
         {"ttl": -1.0},

@@ -381,6 +381,22 @@ async def test_space_that_cannot_be_reserved_fails_open_naming_path_and_size(
         await t.write(b"k", b"v")
 
 
+async def test_more_capacity_than_the_disk_has_is_refused_before_anything_is_made(
+    root: Path,
+) -> None:
+    st = os.statvfs(root.parent)
+    free = st.f_bavail * st.f_frsize
+    for capacity in (2 * free + MiB, 1 << 50):  # the second would need terabytes of index too
+        started = time.monotonic()
+        with pytest.raises(ConfigError, match=r"bytes free; lower capacity_bytes") as info:
+            await SSDTier(root, capacity, block_size=4096).open()
+        assert str(root) in str(info.value)
+        assert time.monotonic() - started < 5  # refused up front, not after filling the disk
+        assert not root.exists()  # nothing of the attempt is left
+    async with SSDTier(root, MiB, block_size=8192) as t:  # another geometry, at once
+        await t.write(b"k", b"v")
+
+
 async def test_a_tier_at_capacity_evicts_instead_of_failing(root: Path) -> None:
     cap = 8 * slot_size(4096)
     async with SSDTier(root, cap, block_size=4096) as t:

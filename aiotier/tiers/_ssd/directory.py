@@ -205,6 +205,19 @@ def _reserve(files: SlotFiles, sizes: dict[int, int], where: str) -> None:
         unlink_quiet(files.path(i))
 
 
+def _check_room(files: SlotFiles, sizes: dict[int, int], where: str) -> None:
+    """Refuse, before anything is allocated, slot files the file system has no room for."""
+    g = files.geometry
+    growth = sum(max(g.file_size(i) - sizes.get(i, 0), 0) for i in range(g.files))
+    free = _free_bytes(files.root)
+    if isinstance(free, int) and growth > free:
+        raise ConfigError(
+            f"{where}: capacity_bytes={g.nbytes} needs {growth} more bytes on disk for its "
+            f"{g.files} slot files, and the file system has {free} bytes free; lower "
+            f"capacity_bytes or free space"
+        )
+
+
 def _free_bytes(root: str) -> int | str:
     try:
         st = os.statvfs(root)
@@ -223,6 +236,7 @@ def open_directory(
     where = f"ssd tier {tier_name!r} at {root!r}"
     if os.path.lexists(root) and not os.path.isdir(root):
         raise ConfigError(f"{where}: path exists and is not a directory")
+    made_root = not os.path.lexists(root)
     try:
         os.makedirs(root, mode=0o700, exist_ok=True)
     except OSError as exc:
@@ -247,6 +261,7 @@ def open_directory(
                     f"{where}: directory is not writable ({exc.strerror or exc})"
                 ) from exc
         files.fds, sizes, foreign = open_slot_files(root, where, writable=True)
+        _check_room(files, sizes, where)
         index, start = load_index(root, files.fds, sizes, g, new=text is None)
         start.foreign = foreign
         _reserve(files, sizes, where)
@@ -254,5 +269,11 @@ def open_directory(
         write_last_open(root, start)
     except BaseException:
         files.close()
+        if text is None:  # a new tier that never started: leave nothing of it behind
+            for name in (MARKER_NAME, LOCK_NAME):
+                unlink_quiet(os.path.join(root, name))
+            if made_root:
+                with contextlib.suppress(OSError):
+                    os.rmdir(root)
         raise
     return files, index, start
