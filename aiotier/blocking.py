@@ -148,6 +148,7 @@ class BlockingEngine:
         *,
         exclude_tier: SecondaryTier | str | None = None,
     ) -> LookupResult:
+        """:meth:`TieringEngine.lookup`; a primary hit answers in the caller's thread."""
         if exclude_tier is None and self._hit_now(key, req):
             return _HIT
         return self._call(self.engine.lookup, key, req, exclude_tier=exclude_tier)
@@ -155,6 +156,7 @@ class BlockingEngine:
     def lookup_prefix(
         self, keys: Sequence[bytes | str], req: RequestContext | None = None
     ) -> int | None:
+        """:meth:`TieringEngine.lookup_prefix`; all-hit prefixes answer in the caller's thread."""
         if not isinstance(keys, str | bytes):
             keys = keys if keys.__class__ in (list, tuple) else list(keys)
             n = self.engine._now.prefix_hits(keys, req)
@@ -165,11 +167,13 @@ class BlockingEngine:
     def wait(
         self, keys: Sequence[bytes | str], timeout: float | None = None
     ) -> list[LookupResult]:
+        """:meth:`TieringEngine.wait`: blocks until none of ``keys`` is in flight."""
         return self._call(self.engine.wait, keys, timeout=timeout)
 
     def prefetch(
         self, keys: Sequence[bytes | str], req: RequestContext | None = None, *, timeout: float
     ) -> int:
+        """:meth:`TieringEngine.prefetch`."""
         return self._call(self.engine.prefetch, keys, req, timeout=timeout)
 
     # -- loads and stores (no I/O: the caller's thread) ------------------------------------------
@@ -177,19 +181,23 @@ class BlockingEngine:
     def prepare_load(
         self, keys: Sequence[bytes | str], req: RequestContext | None = None
     ) -> LoadSpec:
+        """:meth:`TieringEngine.prepare_load` (the caller's thread)."""
         return self.engine.prepare_load(keys, req)
 
     def complete_load(
         self, keys: Sequence[bytes | str], req: RequestContext | None = None
     ) -> None:
+        """:meth:`TieringEngine.complete_load` (the caller's thread)."""
         self.engine.complete_load(keys, req)
 
     def touch(self, keys: Iterable[bytes | str]) -> None:
+        """:meth:`TieringEngine.touch` (the caller's thread)."""
         self.engine.touch(keys)
 
     def prepare_store(
         self, keys: Sequence[bytes | str], req: RequestContext | None = None
     ) -> PrepareStoreOutput | None:
+        """:meth:`TieringEngine.prepare_store` (the caller's thread)."""
         return self.engine.prepare_store(keys, req)
 
     def complete_store(
@@ -200,23 +208,28 @@ class BlockingEngine:
         success: bool = True,
         sizes: Sequence[int] | None = None,
     ) -> None:
+        """:meth:`TieringEngine.complete_store` (the caller's thread)."""
         self.engine.complete_store(keys, req, success=success, sizes=sizes)
 
     # -- cache API -------------------------------------------------------------------------------
 
     def get(self, key: bytes | str, req: RequestContext | None = None) -> bytes | None:
+        """:meth:`TieringEngine.get`; a resident block is copied in the caller's thread."""
         data = self.engine._now.cached(key, req)
         if data is not None:
             return data
         return self._call(self.engine.get, key, req)
 
     def put(self, key: bytes | str, data: bytes | bytearray | memoryview) -> bool:
+        """:meth:`TieringEngine.put` (the caller's thread)."""
         return self.engine._put(key, data)
 
     def delete(self, key: bytes | str) -> bool:
+        """:meth:`TieringEngine.delete`."""
         return self._call(self.engine.delete, key)
 
     def flush(self, timeout: float | None = None) -> None:
+        """:meth:`TieringEngine.flush`: blocks until queued writes and removes are done."""
         self._call(self.engine.flush, timeout)
 
     def clear(self, *, timeout: float | None = None) -> None:
@@ -226,14 +239,17 @@ class BlockingEngine:
     # -- the step boundary -----------------------------------------------------------------------
 
     def take_events(self) -> list[BlockEvent]:
+        """:meth:`TieringEngine.take_events`."""
         return self.engine.take_events()
 
     def end_step(
         self, *, new_req_ids: Iterable[str] = (), finished_req_ids: Iterable[str] = ()
     ) -> None:
+        """:meth:`TieringEngine.end_step` (the caller's thread)."""
         self.engine.end_step(new_req_ids=new_req_ids, finished_req_ids=finished_req_ids)
 
     def stats(self) -> EngineStats:
+        """:meth:`TieringEngine.stats`."""
         return self.engine.stats()
 
     def health(self) -> dict[str, TierHealth]:
