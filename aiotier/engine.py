@@ -310,7 +310,10 @@ class TieringEngine:
         self._flush_metrics()
         self._telemetry.detach()
         if self.primary.shared_memory_name is not None:  # system calls: off the loop
-            await asyncio.to_thread(self.primary.release_shared_memory)
+            try:
+                await asyncio.to_thread(self.primary.release_shared_memory)
+            except RuntimeError:  # no new thread at interpreter exit (3.12+): one system call
+                self.primary.release_shared_memory()
 
     def _check_loop(self) -> None:
         """The engine's tasks, timers and events live on the loop that opened it: awaiting its

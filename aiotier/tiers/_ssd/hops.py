@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -197,6 +198,12 @@ class HopRunner:
         self.nowait = NowaitProbe()
         self._loop = asyncio.get_running_loop()
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix=f"aiotier-{name}")
+        # Every thread now, not when the pool first needs it: from Python 3.12 no thread may
+        # start once the interpreter exits, when an engine left open is closed (and writes
+        # its blocks down). Each waits until all have started, so none is reused early.
+        started = threading.Barrier(threads, timeout=10)
+        for _ in range(threads):
+            self._executor.submit(started.wait)
         self._queue: deque[DiskOp] = deque()
         self._flush_scheduled = False
         self._hops = 0
