@@ -133,3 +133,26 @@ def test_a_primary_no_engine_ever_opened_removes_its_segment_when_collected() ->
     del primary
     gc.collect()
     assert not os.path.exists(os.path.join("/dev/shm", name))
+
+
+_FORKED_CHILD_EXITS = """
+import gc, os, sys
+from aiotier import PrimaryTier
+primary = PrimaryTier(4, 64, shared_memory=True)
+name = primary.shared_memory_name
+pid = os.fork()
+if pid == 0:  # a helper forked from the scheduler: drops its copy and exits normally
+    del primary
+    gc.collect()
+    sys.exit(0)
+os.waitpid(pid, 0)
+print(os.path.exists(os.path.join("/dev/shm", name)))
+primary.release_shared_memory()
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="segments are files in /dev/shm on Linux")
+def test_a_forked_child_that_exits_leaves_its_parents_segment_alone() -> None:
+    run = [sys.executable, "-c", _FORKED_CHILD_EXITS]
+    done = subprocess.run(run, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "True", done.stderr

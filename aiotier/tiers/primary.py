@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import weakref
 from typing import Any
 
@@ -22,7 +23,8 @@ class PrimaryTier:
     and remembers its length. With ``shared_memory=True`` the slots live in a POSIX
     shared-memory segment (:attr:`shared_memory_name`) that worker processes map with
     :class:`~aiotier.SharedArena`; the engine removes its name when it closes (and so does
-    the tier's garbage collection, or the interpreter's exit, if no engine ever did). Creating one
+    the tier's garbage collection, or the process's exit, if no engine ever did; never a
+    forked child's). Creating one
     makes system calls (and may start Python's resource tracker process): do it before the
     event loop runs, or in a thread (``await asyncio.to_thread(PrimaryTier, ...)``).
     """
@@ -39,7 +41,10 @@ class PrimaryTier:
             from ..shared_arena import create_segment
 
             self._segment = create_segment(num_blocks, block_size)
-            self._release = weakref.finalize(self, _unlink, self._segment)
+            self._release = weakref.finalize(self, _unlink, self._segment, os.getpid())
+            # at exit the resource tracker removes it; a finalizer would also run in every
+            # forked child that exits, under its parent's feet
+            self._release.atexit = False
         try:
             buffer = None if self._segment is None else self._segment.buf
             self.arena = Arena(num_blocks, block_size, buffer=buffer)
@@ -89,6 +94,8 @@ class PrimaryTier:
         return TierUsage(len(slots), sum(lengths[s] for s in slots), self.arena.nbytes)
 
 
-def _unlink(segment: Any) -> None:
+def _unlink(segment: Any, owner: int) -> None:
+    if os.getpid() != owner:  # a forked child dropping its copy: the segment is its parent's
+        return
     with contextlib.suppress(FileNotFoundError):
         segment.unlink()
