@@ -401,7 +401,7 @@ class RedisTier(GuardedTier, SecondaryTier):
         return outcome
 
     async def write(self, key: bytes, data: bytes | memoryview) -> None:
-        if self.cluster:  # its client resends single commands outside the retry it was given
+        if self.cluster:  # its client resends single commands in a loop of its own
             error = (await self.write_many([(key, data)]))[0]
             if error is not None:
                 raise error
@@ -628,9 +628,15 @@ class RedisTier(GuardedTier, SecondaryTier):
         except TieringError as exc:
             return [exc] * len(items)
         late = self._late
+        unanswered = (self._exc.ConnectionError, self._exc.TimeoutError)
         out: list[Exception | None] = []
         for (_key, data), rkey, frame, reply in zip(items, rkeys, frames, replies, strict=True):
-            if isinstance(reply, Exception):
+            if isinstance(reply, unanswered):
+                # a cluster pipeline reports a lost node per command: sent, never answered
+                late.cut_short([(rkey, data)])
+                self._record_failure()
+                out.append(TierUnavailableError(f"redis tier {self.name!r}: write: {reply!r}"))
+            elif isinstance(reply, Exception):
                 out.append(TieringError(f"redis tier {self.name!r}: write: {reply}"))
             else:
                 self._remember(rkey, len(frame))

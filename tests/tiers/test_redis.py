@@ -930,6 +930,30 @@ async def test_cluster_mode_clear_scans_every_primary(
         await t.aclose()
 
 
+async def test_on_a_cluster_a_write_whose_answer_was_lost_that_lands_late_is_never_read(
+    cluster_server: RedisServer,
+) -> None:
+    """The cluster pipeline reports a reset connection as one command's reply, after it was
+    sent: the tier counts it cut short like any other."""
+    async with HoldingRelay(cluster_server.port, match=b"OLD") as relay:
+        # the node announces the relay's port: every connection of the client goes through it
+        announce = ("CONFIG", "SET", "cluster-announce-port", str(relay.port))
+        assert cluster_command(cluster_server.port, *announce).startswith(b"+OK")
+        t = RedisTier(f"redis://127.0.0.1:{relay.port}", cluster=True, failure_threshold=100)
+        await t.open()
+        try:
+            relay.armed = True
+            (error,) = await t.write_many([(b"k", b"OLD")])
+            assert isinstance(error, TierUnavailableError) and relay.held
+            await t.write(b"k", b"NEW")
+            await relay.release()  # the first attempt lands now, after NEW
+            out = buf(16)
+            assert await t.read_into(b"k", out) == -1
+            assert await t.lookup(b"k") is LookupResult.MISS
+        finally:
+            await t.aclose()
+
+
 async def test_cluster_mode_round_trips_across_slots(cluster_server: RedisServer) -> None:
     t = RedisTier(cluster_server.url.removesuffix("/0"), cluster=True, ttl=60)
     await t.open()
