@@ -26,28 +26,40 @@ from collections.abc import Iterable, Sequence
 from .._types import Buffer
 from .framing import checksum
 
+#: A key on the server: a Redis key, an object's name.
+_Key = bytes | str
+
 __all__ = ["MAX_DOUBTED", "MAX_PER_KEY", "LateWriteGuard"]
 
-#: Keys doubted at most (about 300 bytes each with their key: ~20 MiB at the bound).
+#: Keys doubted at most (about 400 bytes each with their key: ~25 MiB at the bound).
 MAX_DOUBTED = 1 << 16
 #: Checksums remembered per key at most.
 MAX_PER_KEY = 16
 
 
 class _Doubt:
-    """The payloads of one key whose writes were cut short."""
+    """The payloads of one key whose writes were cut short (tuples: a doubt holds one or two
+    checksums, and a tuple is a fraction of a set's size)."""
 
     __slots__ = ("acked", "pending", "superseded")
 
     def __init__(self) -> None:
         #: Checksums of writes cut short since the last acknowledged write or remove: any of
         #: them may be the newest bytes tried, so a copy of them is served.
-        self.pending: set[int] = set()
+        self.pending: tuple[int, ...] = ()
         #: Checksums of writes cut short before a later write or remove was acknowledged: a
         #: copy of them landed late, and is never served (oldest first).
-        self.superseded: dict[int, None] = {}
+        self.superseded: tuple[int, ...] = ()
         #: When the last write or remove of the key was acknowledged (the guard's count).
         self.acked = 0
+
+    def tried(self, c: int) -> None:
+        """A write of the payload whose checksum is ``c`` was cut short: the newest bytes
+        tried."""
+        if c not in self.pending:
+            self.pending += (c,)
+        if c in self.superseded:
+            self.superseded = tuple(x for x in self.superseded if x != c)
 
     def acknowledged(self, written: int | None, when: int) -> int:
         """A write (of the payload whose checksum is ``written``) or a remove (None). Returns
@@ -55,17 +67,15 @@ class _Doubt:
         # bytes cut short before and now acknowledged are right, until a later write or
         # remove: then a late copy of them is late too
         again = written in self.pending or written in self.superseded
-        superseded = self.superseded
-        superseded.update(dict.fromkeys(self.pending))
-        self.pending.clear()
-        if again:
-            superseded.pop(written, None)  # type: ignore[arg-type]
-            self.pending.add(written)  # type: ignore[arg-type]
+        late = self.superseded + tuple(c for c in self.pending if c not in self.superseded)
+        self.pending = ()
+        if again and written is not None:
+            late = tuple(c for c in late if c != written)
+            self.pending = (written,)
+        over = max(len(late) - MAX_PER_KEY, 0)
+        self.superseded = late[over:]
         self.acked = when
-        over = len(superseded) - MAX_PER_KEY
-        for old in list(superseded)[: max(over, 0)]:
-            del superseded[old]
-        return max(over, 0)
+        return over
 
 
 class LateWriteGuard:
@@ -76,7 +86,7 @@ class LateWriteGuard:
     def __init__(self, what: str, log: logging.Logger) -> None:
         self.what = what
         self.log = log
-        self._doubts: OrderedDict[bytes, _Doubt] = OrderedDict()
+        self._doubts: OrderedDict[_Key, _Doubt] = OrderedDict()
         self._acks = 0  # acknowledgements of doubted keys so far (orders them against a clear)
         #: Doubts dropped to stay within :data:`MAX_DOUBTED` and :data:`MAX_PER_KEY`.
         self.forgotten = 0
@@ -87,7 +97,7 @@ class LateWriteGuard:
     def __len__(self) -> int:
         return len(self._doubts)
 
-    def cut_short(self, items: Iterable[tuple[bytes, Buffer]]) -> None:
+    def cut_short(self, items: Iterable[tuple[_Key, Buffer]]) -> None:
         """Writes of these ``(key, payload)`` may have been sent and were never answered (or
         were sent again): any of them may land later."""
         doubts = self._doubts
@@ -97,23 +107,21 @@ class LateWriteGuard:
                 doubt = doubts[key] = _Doubt()
             else:
                 doubts.move_to_end(key)  # the most recent doubt goes last
-            c = checksum(payload)
-            doubt.pending.add(c)
-            doubt.superseded.pop(c, None)  # the newest bytes tried again
+            doubt.tried(checksum(payload))
         over = 0
         while len(doubts) > MAX_DOUBTED:
             doubts.popitem(last=False)
             over += 1
         self._forgot(over)
 
-    def written(self, key: bytes, payload: Buffer) -> None:
+    def written(self, key: _Key, payload: Buffer) -> None:
         """A write of ``key`` was acknowledged: writes of it cut short before are late now."""
         doubt = self._doubts.get(key)
         if doubt is not None:
             self._acks += 1
             self._forgot(doubt.acknowledged(checksum(payload), self._acks))
 
-    def removed(self, key: bytes) -> None:
+    def removed(self, key: _Key) -> None:
         """A remove of ``key`` was acknowledged: writes of it cut short before are late now."""
         doubt = self._doubts.get(key)
         if doubt is not None:
@@ -132,18 +140,18 @@ class LateWriteGuard:
             if doubt.acked <= started:
                 self._forgot(doubt.acknowledged(None, self._acks))
 
-    def refuses_any(self, key: bytes) -> bool:
+    def refuses_any(self, key: _Key) -> bool:
         """Whether some copy of ``key`` is never to be read (worth checking a lookup's hit)."""
         doubt = self._doubts.get(key)
         return doubt is not None and bool(doubt.superseded)
 
-    def refuses(self, key: bytes, payload_checksum: int) -> bool:
+    def refuses(self, key: _Key, payload_checksum: int) -> bool:
         """Whether a copy of ``key`` whose payload has this checksum landed late."""
         doubt = self._doubts.get(key)
         return doubt is not None and payload_checksum in doubt.superseded
 
     def screen(
-        self, keys: Sequence[bytes], bufs: Sequence[memoryview], outcomes: list[int | Exception]
+        self, keys: Sequence[_Key], bufs: Sequence[memoryview], outcomes: list[int | Exception]
     ) -> int:
         """Reads of ``keys`` landed in ``bufs`` (per key its length, -1 or an error): each copy
         that is a late write becomes -1 in ``outcomes``. How many there were."""

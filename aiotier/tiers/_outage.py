@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from contextvars import Context
 
 from .._core.breaker import CircuitBreaker
 from ..errors import TierUnavailableError
@@ -96,8 +97,10 @@ class ServerGuard:
 
     def _start_probe(self) -> None:
         if self._task is None or self._task.done():
+            # a context of its own: it outlives the call that opened the circuit, whose
+            # context variables (a write's bookkeeping) must not see its requests
             self._task = asyncio.get_running_loop().create_task(
-                self._probe_loop(), name=f"aiotier-probe-{self.what}"
+                self._probe_loop(), name=f"aiotier-probe-{self.what}", context=Context()
             )
 
     async def _probe_loop(self) -> None:

@@ -267,6 +267,12 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         """The object that holds ``key``: ``prefix`` and 32 hex digits of BLAKE2b."""
         return self.prefix + block_digest(key).hex()
 
+    def _name_or_none(self, key: object) -> str | None:
+        try:
+            return self.object_name(key)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return None
+
     # -- the call wrapper ------------------------------------------------------------------------
 
     def _deadline(self) -> float:
@@ -514,7 +520,7 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         except ValueError as exc:
             raise ValueError(f"object tier {self.name!r}: {exc}") from None
         outcome: list[int | Exception] = [n]
-        if self._late and self._late.screen((key,), (buf,), outcome):
+        if self._late and self._late.screen((name,), (buf,), outcome):
             # an older write, cut short, landed after a later one: a MISS, remembered by ETag
             # like a corrupted object (not deleted: the bucket is shared)
             self._forget(name)
@@ -542,7 +548,7 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
             if self.immutable_keys and await self._held(name, deadline):
                 self.skipped_writes += 1
                 self._recent.add(name)
-                late.written(key, data)  # immutable keys: the bytes held are these
+                late.written(name, data)  # immutable keys: the bytes held are these
                 return
             frame = encode_frame(key, data)
 
@@ -551,29 +557,27 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
                     await self.client.put(name, frame)
                 except BaseException as exc:
                     if not _not_carried_out(exc):  # it may still land, after a later write
-                        late.cut_short([(key, data)])
+                        late.cut_short([(name, data)])
                     raise
 
             try:
                 await self._call("write", put, deadline)
             finally:  # a lookup that fetched while the PUT was under way got the old bytes
                 self._lookahead.changed(name)
-            late.written(key, data)
+            late.written(name, data)
             self._bad.pop(name, None)
             self._recent.add(name)
             self._remember(name, len(frame))
 
-        try:
-            named = [bytes(k) if isinstance(k, bytearray | memoryview) else k for k, _ in items]
-            last = {key: i for i, key in enumerate(named)}
-        except TypeError:  # not a key at all: each is sent, and fails on its own
-            last = {}
-        order = sorted(last.values())  # the last write of each key, in the batch's order
-        sent = [items[i] for i in order] if 0 < len(last) < len(items) else items
+        # the last write of each object, in the batch's order (a bad key is sent: it fails)
+        names = [self._name_or_none(k) for k, _ in items]
+        last = {name: i for i, name in enumerate(names) if name is not None}
+        keep = [i for i, name in enumerate(names) if name is None or last[name] == i]
+        sent = [items[i] for i in keep] if len(keep) < len(items) else items
         outcomes = await self._each(sent, one)
         if sent is not items:
-            outcome_of = dict(zip(order, outcomes, strict=True))
-            outcomes = [outcome_of[last[key]] for key in named]
+            outcome_of = dict(zip(keep, outcomes, strict=True))
+            outcomes = [outcome_of[i if n is None else last[n]] for i, n in enumerate(names)]
         return [o if isinstance(o, Exception) else None for o in outcomes]
 
     async def remove_many(self, keys: Sequence[bytes]) -> list[bool | Exception]:
@@ -599,14 +603,14 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
                 for name in present:
                     self._lookahead.changed(name)
         out: list[bool | Exception] = []
-        for key, name, head in zip(keys, names, heads, strict=True):
+        for name, head in zip(names, heads, strict=True):
             if isinstance(head, Exception):
                 out.append(head)
             elif head is not None and failed is not None:
                 out.append(failed)
             else:
                 self._forget(name)
-                self._late.removed(key)
+                self._late.removed(name)
                 out.append(head is not None)
         return out
 
