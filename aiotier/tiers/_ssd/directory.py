@@ -113,21 +113,42 @@ def _geometry(text: str | None, capacity: int, block_size: int | None, where: st
 
 
 def _lock(root: str, where: str) -> int:
-    try:
-        fd = os.open(os.path.join(root, LOCK_NAME), _RW | os.O_CREAT, 0o600)
-    except OSError as exc:
-        raise TierUnavailableError(
-            f"{where}: directory is not writable ({exc.strerror or exc})"
-        ) from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as exc:
+    """The directory's lock file, open and locked. A lock file removed after we opened it (a
+    new tier whose open failed removes its own) locks nothing: then again, on the new one."""
+    path = os.path.join(root, LOCK_NAME)
+    while True:
+        try:
+            fd = os.open(path, _RW | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise TierUnavailableError(
+                f"{where}: directory is not writable ({exc.strerror or exc})"
+            ) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            os.close(fd)
+            raise TierUnavailableError(
+                f"{where}: directory is locked by another open SSDTier (this or another "
+                f"process); one tier per directory"
+            ) from exc
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
         os.close(fd)
-        raise TierUnavailableError(
-            f"{where}: directory is locked by another open SSDTier (this or another process); "
-            f"one tier per directory"
-        ) from exc
-    return fd
+
+
+def _make_root(root: str, where: str) -> bool:
+    """Create the tier's directory (mode 0700); whether this call made it."""
+    try:
+        os.makedirs(os.path.dirname(root), exist_ok=True)
+        os.mkdir(root, 0o700)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        raise TierUnavailableError(f"{where}: cannot create the directory: {exc}") from exc
+    return True
 
 
 def open_slot_files(
@@ -236,23 +257,23 @@ def open_directory(
     where = f"ssd tier {tier_name!r} at {root!r}"
     if os.path.lexists(root) and not os.path.isdir(root):
         raise ConfigError(f"{where}: path exists and is not a directory")
-    made_root = not os.path.lexists(root)
-    try:
-        os.makedirs(root, mode=0o700, exist_ok=True)
-    except OSError as exc:
-        raise TierUnavailableError(f"{where}: cannot create the directory: {exc}") from exc
-    text = read_marker(root, where)
-    if text is None:
-        extra = set(os.listdir(root)) - {LOCK_NAME}
-        if extra:
-            raise ConfigError(
-                f"{where}: directory is not empty and has no {MARKER_NAME} marker; refusing to "
-                f"use it (found e.g. {sorted(extra)[0]!r})"
-            )
-    g = _geometry(text, capacity, block_size, where)
-    files = SlotFiles(root, _lock(root, where), g)
-    try:
-        if text is None:
+    made_root = _make_root(root, where)
+    lock_fd = _lock(root, where)
+    files: SlotFiles | None = None
+    new = wrote_marker = False
+    try:  # the marker is read under the lock: another opener may be creating the tier
+        text = read_marker(root, where)
+        new = text is None
+        if new:
+            extra = set(os.listdir(root)) - {LOCK_NAME}
+            if extra:
+                raise ConfigError(
+                    f"{where}: directory is not empty and has no {MARKER_NAME} marker; "
+                    f"refusing to use it (found e.g. {sorted(extra)[0]!r})"
+                )
+        g = _geometry(text, capacity, block_size, where)
+        files = SlotFiles(root, lock_fd, g)
+        if new:
             try:
                 marker = g.marker_text().encode()
                 replace_file(root, MARKER_NAME, marker, tmp_prefix=TMP_PREFIX, sync=True)
@@ -260,20 +281,27 @@ def open_directory(
                 raise TierUnavailableError(
                     f"{where}: directory is not writable ({exc.strerror or exc})"
                 ) from exc
+            wrote_marker = True
         files.fds, sizes, foreign = open_slot_files(root, where, writable=True)
         _check_room(files, sizes, where)
-        index, start = load_index(root, files.fds, sizes, g, new=text is None)
+        index, start = load_index(root, files.fds, sizes, g, new=new)
         start.foreign = foreign
         _reserve(files, sizes, where)
         start.seconds = time.perf_counter() - t0
         write_last_open(root, start)
     except BaseException:
-        files.close()
-        if text is None:  # a new tier that never started: leave nothing of it behind
-            for name in (MARKER_NAME, LOCK_NAME):
-                unlink_quiet(os.path.join(root, name))
-            if made_root:
-                with contextlib.suppress(OSError):
-                    os.rmdir(root)
+        # a tier that never started leaves nothing behind, removed under the lock (and a
+        # directory it did not make keeps any file it did not write)
+        if wrote_marker:
+            unlink_quiet(os.path.join(root, MARKER_NAME))
+        if wrote_marker or made_root:
+            unlink_quiet(os.path.join(root, LOCK_NAME))
+        if made_root:
+            with contextlib.suppress(OSError):
+                os.rmdir(root)
+        if files is not None:
+            files.close()
+        else:
+            os.close(lock_fd)
         raise
     return files, index, start
