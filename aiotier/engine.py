@@ -317,7 +317,8 @@ class TieringEngine:
 
     def _check_loop(self) -> None:
         """The engine's tasks, timers and events live on the loop that opened it: awaiting its
-        work from another loop would hang or fail obscurely (checked where a call awaits it)."""
+        work from another loop would hang or fail obscurely (checked past the primary-hit fast
+        paths, which touch none of them)."""
         if self._loop is not None and asyncio.get_running_loop() is not self._loop:
             raise TieringError(
                 "this engine belongs to the event loop that opened it and was called from "
@@ -364,6 +365,7 @@ class TieringEngine:
             if self._core.table.ready_slot(k) is not None:  # a str key hits here
                 self._stats.primary_hit += 1
                 return _HIT
+        self._check_loop()
         results = await self._reads.scan([k], rs, exclude, prefix=False)
         self._maybe_flush()
         return results[0]
@@ -422,6 +424,7 @@ class TieringEngine:
         with self._guard.lock:
             self._check_open()
             rs = self._request(req)
+        self._check_loop()
         results = await self._reads.scan(ks, rs, -1, prefix=True)
         self._maybe_flush()
         if self._core.sightings:
@@ -512,6 +515,7 @@ class TieringEngine:
             self._check_open()
             if self._core.sightings:
                 self._core.saw([k])
+        self._check_loop()
         try:
             return await self._cache.get(k)
         finally:
@@ -519,6 +523,7 @@ class TieringEngine:
 
     async def put(self, key: bytes | str, data: bytes | bytearray | memoryview) -> bool:
         """Store ``data`` in the primary, replacing the key everywhere; False when no room."""
+        self._check_loop()
         return self._put(key, data)
 
     def _put(self, key: bytes | str, data: bytes | bytearray | memoryview) -> bool:
@@ -543,6 +548,7 @@ class TieringEngine:
         k = normalize_key(key)
         with self._guard.lock:
             self._check_open()
+        self._check_loop()
         return await self._cache.delete(k)
 
     async def clear(self, *, timeout: float | None = None) -> None:

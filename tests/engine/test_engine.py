@@ -572,7 +572,12 @@ def test_an_engine_used_from_another_event_loop_says_so() -> None:
     asyncio.run(engine.open())
 
     async def elsewhere() -> None:
-        for call in (engine.flush(), engine.wait([b"k"]), engine.clear(), engine.aclose()):
+        calls = (
+            engine.lookup(b"k"), engine.lookup_prefix([b"k"]), engine.prefetch([b"k"], timeout=1),
+            engine.get(b"k"), engine.put(b"k", b"v"), engine.delete(b"k"), engine.flush(),
+            engine.wait([b"k"]), engine.clear(), engine.aclose(),
+        )  # fmt: skip
+        for call in calls:
             with pytest.raises(TieringError, match="belongs to the event loop that opened it"):
                 await call
 
