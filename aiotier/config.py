@@ -62,6 +62,8 @@ from .tiers.primary import PrimaryTier
 __all__ = ["engine_from_config", "engine_from_env", "load_config"]
 
 _SECTIONS = ("engine", "primary", "demo", "tiers")
+#: Variables of the test suite and the benchmarks (``AIOTIER_TEST_LOOP``), not configuration.
+_TOOLING = ("test", "bench")
 
 _ENGINE_FIELDS = {
     "write_policy": str, "promotion_timeout": float, "max_inflight_promotions": int,
@@ -223,8 +225,8 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
 
     ``AIOTIER_PRIMARY_NUM_BLOCKS``, ``AIOTIER_PRIMARY_BLOCK_SIZE``, ``AIOTIER_PRIMARY_POLICY``,
     ``AIOTIER_ENGINE_<FIELD>`` and ``AIOTIER_TIERS_<N>_<FIELD>`` (``AIOTIER_TIERS_0_TYPE=ssd``).
-    Other ``AIOTIER_*`` variables (the test suite's ``AIOTIER_TEST_LOOP``, say) are not
-    configuration and are left alone, unless their section looks like a misspelt one.
+    ``AIOTIER_TEST_*`` and ``AIOTIER_BENCH_*`` belong to the test suite and the benchmarks and
+    are left alone; any other section is an error (a misspelt one is named).
     """
     env = os.environ if environ is None else environ
     config: dict[str, Any] = {}
@@ -233,11 +235,15 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         if not name.startswith("AIOTIER_"):
             continue
         section, _, rest = name[len("AIOTIER_"):].lower().partition("_")
+        if section in _TOOLING:
+            continue
         if section not in _SECTIONS:
             near = difflib.get_close_matches(section, _SECTIONS, n=1, cutoff=0.75)
-            if near:
-                raise ConfigError(f"{name}: unknown section {section!r}; did you mean {near[0]!r}?")
-            continue
+            hint = (
+                f"did you mean {near[0]!r}?" if near
+                else "tiers are AIOTIER_TIERS_<N>_<FIELD> (AIOTIER_TIERS_0_TYPE=redis)"
+            )  # fmt: skip
+            raise ConfigError(f"{name}: unknown section {section!r}; {hint}")
         if not rest:
             raise ConfigError(f"{name}: expected AIOTIER_{section.upper()}_<FIELD>")
         if section in ("engine", "primary", "demo"):

@@ -120,9 +120,11 @@ def test_bad_env_names_are_refused() -> None:
         config_from_env({"AIOTIER_PRIMARY": "1"})
 
 
-def test_other_aiotier_variables_are_not_configuration() -> None:
-    env = {"AIOTIER_PRIMARY_NUM_BLOCKS": "4", "AIOTIER_TEST_LOOP": "uvloop", "AIOTIER_DEBUG": "1"}
+def test_the_test_suites_and_benchmarks_variables_are_not_configuration() -> None:
+    env = {"AIOTIER_PRIMARY_NUM_BLOCKS": "4", "AIOTIER_TEST_LOOP": "1", "AIOTIER_BENCH_DIR": "."}
     assert config_from_env(env) == {"primary": {"num_blocks": "4"}}
+    with pytest.raises(ConfigError, match=r"unknown section 'redis'; tiers are AIOTIER_TIERS_<N>"):
+        config_from_env({"AIOTIER_REDIS_URL": "redis://cache:6379"})
 
 
 def test_broken_toml_is_a_config_error(tmp_path: Path) -> None:

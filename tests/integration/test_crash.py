@@ -17,7 +17,7 @@ checkpoint) and checks every key:
   capacity, and the slot files kept their reserved size.
 
 The capacity holds every key (no eviction), so a missing block is a lost write. The default
-run kills ``AIOTIER_CRASH_KILLS`` (10) times per variant; the ``slow`` variant (``--run-slow``)
+run kills ``AIOTIER_TEST_CRASH_KILLS`` (10) times per variant; the ``slow`` variant (``--run-slow``)
 kills 200 times with ``fsync=True``.
 """
 
@@ -37,7 +37,7 @@ import pytest
 from aiotier import SSDTier
 from aiotier.errors import BlockCorruptedError
 
-KILLS = int(os.environ.get("AIOTIER_CRASH_KILLS", "10"))
+KILLS = int(os.environ.get("AIOTIER_TEST_CRASH_KILLS", "10"))
 SLOW_KILLS = 200
 KEYS = 300  # op i writes key i % KEYS, version i // KEYS
 WINDOW = 8  # writes in flight per batch

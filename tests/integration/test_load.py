@@ -12,8 +12,8 @@ time, promotions in flight never above ``max_inflight_promotions`` (sampled ever
 Reported (``-s``): peak RSS and its growth, p99/max event-loop lag, hit rates, throughput.
 Nothing leaves the process: the only files are the SSD tier's, in a temporary directory.
 
-``AIOTIER_LOAD_REQUESTS`` / ``AIOTIER_LOAD_KEYS`` (defaults 2,000 / 20,000) scale it up; the
-long run in docs/reliability.md uses 10,000 / 100,000.
+``AIOTIER_TEST_LOAD_REQUESTS`` / ``AIOTIER_TEST_LOAD_KEYS`` (defaults 2,000 / 20,000) scale it
+up; the long run in docs/reliability.md uses 10,000 / 100,000.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from aiotier import BlockNotReadyError, PrimaryTier, RequestContext, SSDTier, Ti
 from aiotier.bench.common import LoopLagTicker
 from aiotier.tiers._ssd.layout import Geometry
 
-REQUESTS = int(os.environ.get("AIOTIER_LOAD_REQUESTS", "2000"))
-KEYS = int(os.environ.get("AIOTIER_LOAD_KEYS", "20000"))
+REQUESTS = int(os.environ.get("AIOTIER_TEST_LOAD_REQUESTS", "2000"))
+KEYS = int(os.environ.get("AIOTIER_TEST_LOAD_KEYS", "20000"))
 BLOCKS_PER_DOC = 16
 DOCS = KEYS // BLOCKS_PER_DOC
 NUM_BLOCKS = 1000
@@ -214,5 +214,5 @@ async def test_thousands_of_concurrent_requests_stay_bounded(tmp_path: Path) -> 
         f"  write-back backlog drained in {t_flush:.1f}s after the last request\n"
         f"  event-loop lag p99 {lags['p99_ms']:.2f} ms, max {lags['max_ms']:.2f} ms"
     )
-    if os.environ.get("AIOTIER_LOAD_VERBOSE"):
+    if os.environ.get("AIOTIER_TEST_LOAD_VERBOSE"):
         print({k: v for k, v in sorted(counters.items())})

@@ -3,7 +3,7 @@
 tests/tiers/test_redis_engine.py checks a kill between calls and one with reads in flight; this
 test keeps 32 concurrent workers (get, lookup_prefix + wait + load, put) running against an
 engine over a real ``redis-server`` while the server is SIGKILLed and restarted (empty, on the
-same port), twice by default (``AIOTIER_REDIS_KILLS`` for more), then frozen with SIGSTOP for
+same port), twice by default (``AIOTIER_TEST_REDIS_KILLS`` for more), then frozen with SIGSTOP for
 1.5 s (a server that hangs rather than dies) and thawed. Asserted throughout:
 
 - no exception reaches a caller;
@@ -33,7 +33,7 @@ from aiotier.tiers import RedisTier
 
 pytestmark = pytest.mark.redis
 
-KILLS = int(os.environ.get("AIOTIER_REDIS_KILLS", "2"))
+KILLS = int(os.environ.get("AIOTIER_TEST_REDIS_KILLS", "2"))
 BLOCK = 4096
 KEYS = 400
 WORKERS = 32

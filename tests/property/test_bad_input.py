@@ -9,7 +9,7 @@ exactly as they were, and the engine must answer a ``get`` correctly right after
 keys (empty, 1024 bytes, NUL bytes, path-like, any unicode) must work end to end, also through
 an SSD tier. After ``aclose()`` every call gets a clear ``TieringError`` (or a type error).
 
-``AIOTIER_BAD_INPUT_EXAMPLES`` (default 150 per test) sets the number of inputs per test.
+``AIOTIER_TEST_BAD_INPUT_EXAMPLES`` (default 150 per test) sets the number of inputs per test.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from aiotier import (
     TieringError,
 )
 
-EXAMPLES = int(os.environ.get("AIOTIER_BAD_INPUT_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("AIOTIER_TEST_BAD_INPUT_EXAMPLES", "150"))
 BLOCK = 64
 ALLOWED = (TypeError, ValueError, TieringError, BlockNotReadyError)
 HOLDER = RequestContext("holder")

@@ -168,7 +168,7 @@ class EngineModel(RuleBasedStateMachine):
 
 
 EngineModel.TestCase.settings = settings(
-    max_examples=int(os.environ.get("AIOTIER_MODEL_EXAMPLES", "80")),
+    max_examples=int(os.environ.get("AIOTIER_TEST_MODEL_EXAMPLES", "80")),
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

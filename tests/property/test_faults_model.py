@@ -16,7 +16,8 @@ bound; every RETRY settles within ``promotion_timeout`` plus a margin; pins back
 requests finish; every deferral observed exactly once in the async-delay histogram; no
 exception reaches a caller; no task survives ``aclose()``.
 
-``AIOTIER_FAULTS_EXAMPLES`` / ``AIOTIER_FAULTS_STEPS`` make the run longer (docs/reliability.md).
+``AIOTIER_TEST_FAULTS_EXAMPLES`` / ``AIOTIER_TEST_FAULTS_STEPS`` make the run longer
+(docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -528,8 +529,8 @@ class FaultsModel(RuleBasedStateMachine):
 
 
 FaultsModel.TestCase.settings = settings(
-    max_examples=int(os.environ.get("AIOTIER_FAULTS_EXAMPLES", "100")),
-    stateful_step_count=int(os.environ.get("AIOTIER_FAULTS_STEPS", "30")),
+    max_examples=int(os.environ.get("AIOTIER_TEST_FAULTS_EXAMPLES", "100")),
+    stateful_step_count=int(os.environ.get("AIOTIER_TEST_FAULTS_STEPS", "30")),
     deadline=None,
     # no "explain" phase: its line tracer makes each replay ~10x slower on Python 3.11
     phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
