@@ -9,9 +9,10 @@ the slots of a ``prepare_load`` before ``complete_load``, exactly as a caller in
 process does through the specs' buffers. The engine's bookkeeping (which key is in which slot,
 pins, lengths) stays in the scheduler's process.
 
-The segment's name is removed when the engine closes (or, failing that, when the scheduler's
-process exits); processes still attached keep their mapping until they close it. Attaching
-does not make a worker responsible for the segment: its exit never removes it.
+The segment's name is removed when the engine closes (or, failing that, when the
+``PrimaryTier`` is collected or the scheduler's process exits); processes still attached keep
+their mapping until they close it. Neither a worker that attached nor a child forked from the
+scheduler is responsible for the segment: its exit never removes it.
 """
 
 from __future__ import annotations

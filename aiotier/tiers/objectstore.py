@@ -146,11 +146,13 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
     ) -> None:
         super().__init__(name)
         _check_arguments(
-            bucket, prefix, endpoint_url, max_concurrency, failure_threshold, recent_ttl,
-            recent_capacity, lookahead_bytes,
-            {"timeout": timeout, "connect_timeout": connect_timeout,
-             "probe_interval": probe_interval, "retry_base": retry_base, "retry_cap": retry_cap,
-             "lookahead_ttl": lookahead_ttl},
+            bucket=bucket, prefix=prefix, endpoint_url=endpoint_url,
+            max_concurrency=max_concurrency, failure_threshold=failure_threshold,
+            recent_ttl=recent_ttl, recent_capacity=recent_capacity,
+            lookahead_bytes=lookahead_bytes,
+            positive={"timeout": timeout, "connect_timeout": connect_timeout,
+                      "probe_interval": probe_interval, "retry_base": retry_base,
+                      "retry_cap": retry_cap, "lookahead_ttl": lookahead_ttl},
         )  # fmt: skip
         self.bucket = bucket
         self.prefix = prefix
@@ -652,6 +654,7 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
 
 
 def _check_arguments(
+    *,
     bucket: object,
     prefix: object,
     endpoint_url: object,

@@ -29,11 +29,10 @@ import hashlib
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextvars import ContextVar
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from .._types import Buffer, LookupResult
+from .._types import LookupResult
 from ..errors import (
     BlockCorruptedError,
     ConfigError,
@@ -42,9 +41,10 @@ from ..errors import (
 )
 from ._late_writes import LateWriteGuard
 from ._outage import GuardedTier, ServerGuard
+from ._redis_late import guarded_write, noting_retry, refuse_late_copies
 from ._resp import RespReaderPool, RespServerError
 from .base import SecondaryTier, TierUsage
-from .framing import HEADER, block_digest, encode_frame, payload_into
+from .framing import block_digest, encode_frame, payload_into
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -301,7 +301,7 @@ class RedisTier(GuardedTier, SecondaryTier):
             "socket_connect_timeout": self.connect_timeout,
             # One immediate retry re-dials a pooled connection the server dropped (a restart);
             # anything more would make callers wait on a dead server. The breaker does the rest.
-            "retry": _noting_retry(1),
+            "retry": noting_retry(1),
         }
         if self.protocol is not None:
             kwargs["protocol"] = self.protocol
@@ -384,7 +384,7 @@ class RedisTier(GuardedTier, SecondaryTier):
     async def lookup(self, key: bytes) -> LookupResult:
         rkey = self.redis_key(key)
         flags = [await self._call("lookup", lambda c: c.exists(rkey))]
-        await self._refuse_late_copies([rkey], flags)
+        await refuse_late_copies(self._late, self._call, [rkey], flags)
         n = flags[0]
         if not n:
             self._forget(rkey)
@@ -408,7 +408,10 @@ class RedisTier(GuardedTier, SecondaryTier):
             return
         rkey = self.redis_key(key)
         frame = encode_frame(key, data)
-        await self._write_call("write", [(rkey, data)], lambda c: c.set(rkey, frame, px=self._px))
+        await guarded_write(
+            self._late, self._call, "write", [(rkey, data)],
+            lambda c: c.set(rkey, frame, px=self._px),
+        )  # fmt: skip
         self._remember(rkey, len(frame))
         self._late.written(rkey, data)
 
@@ -474,7 +477,7 @@ class RedisTier(GuardedTier, SecondaryTier):
             return []
         rkeys = [self.redis_key(k) for k in keys]
         flags = await self._call("lookup_many", lambda c: self._exists_many(c, rkeys))
-        await self._refuse_late_copies(rkeys, flags)
+        await refuse_late_copies(self._late, self._call, rkeys, flags)
         out: list[LookupResult] = []
         for rkey, flag in zip(rkeys, flags, strict=True):
             if flag:
@@ -483,27 +486,6 @@ class RedisTier(GuardedTier, SecondaryTier):
                 self._forget(rkey)
                 out.append(LookupResult.MISS)
         return out
-
-    async def _refuse_late_copies(self, rkeys: list[bytes], flags: list[int]) -> None:
-        """Lookups found these keys (``flags[i]`` true): those that may be a write landed late
-        (:class:`~._late_writes.LateWriteGuard`) are asked for their payload checksum, in one
-        round trip, and a late copy's flag is cleared."""
-        late = self._late
-        if not late:
-            return
-        ask = [i for i, found in enumerate(flags) if found and late.refuses_any(rkeys[i])]
-        if not ask:
-            return
-
-        async def checksums(client: Any) -> list[bytes]:
-            pipe = _pipeline(client)
-            for i in ask:
-                pipe.getrange(rkeys[i], *_CHECKSUM_RANGE)
-            return list(await pipe.execute())
-
-        for i, field in zip(ask, await self._call("lookup", checksums), strict=True):
-            if len(field) == 8 and late.refuses(rkeys[i], int.from_bytes(field, "little")):
-                flags[i] = 0
 
     async def _exists_many(self, client: Any, rkeys: list[bytes]) -> list[int]:
         if self._use_script:
@@ -624,7 +606,7 @@ class RedisTier(GuardedTier, SecondaryTier):
 
         payloads = [(rkey, data) for rkey, (_k, data) in zip(rkeys, items, strict=True)]
         try:
-            replies = await self._write_call("write_many", payloads, run)
+            replies = await guarded_write(self._late, self._call, "write_many", payloads, run)
         except TieringError as exc:
             return [exc] * len(items)
         late = self._late
@@ -644,39 +626,6 @@ class RedisTier(GuardedTier, SecondaryTier):
                     late.written(rkey, data)
                 out.append(None)
         return out
-
-    async def _write_call(
-        self,
-        op: str,
-        payloads: Sequence[tuple[bytes, Buffer]],
-        fn: Callable[[Any], Awaitable[_T]],
-    ) -> _T:
-        """:meth:`_call` of a write of ``payloads`` (server key, payload): a write that began
-        and got no answer (timeout, lost connection, cancellation), or that redis-py sent again
-        after a failed attempt, may still land later."""
-        began = False
-        retried: list[Exception] = []
-
-        async def run(client: Any) -> _T:
-            nonlocal began
-            began = True  # past the breaker: from here on it may reach the server
-            return await fn(client)
-
-        noting = _RETRIED.set(retried)
-        try:
-            result = await self._call(op, run)
-        except BaseException as exc:
-            # an error reply means nothing was written (unless an earlier attempt was sent);
-            # anything else may still land
-            answered = isinstance(exc, TieringError) and not isinstance(exc, TierUnavailableError)
-            if began and (retried or not answered):
-                self._late.cut_short(payloads)
-            raise
-        finally:
-            _RETRIED.reset(noting)
-        if retried:  # the failed attempt may still land, after a later write
-            self._late.cut_short(payloads)
-        return result
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -699,35 +648,6 @@ class RedisTier(GuardedTier, SecondaryTier):
         _log.warning(
             "redis tier %r: dropped %d value(s) that failed verification", self.name, len(rkeys)
         )
-
-
-#: Where a frame keeps its payload's xxh3-64 (``framing``: bytes 16-23, little-endian), as
-#: ``GETRANGE`` bounds.
-_CHECKSUM_RANGE: Final = (HEADER.size - 8, HEADER.size - 1)
-
-#: The failed attempts redis-py sent again during the current write (``_write_call``), else None.
-_RETRIED: ContextVar[list[Exception] | None] = ContextVar("aiotier_redis_retried", default=None)
-
-
-def _noting_retry(retries: int) -> Any:
-    """redis-py's ``Retry`` (no back-off) that notes each failed attempt in :data:`_RETRIED`: a
-    write attempt that failed and was sent again may still be carried out."""
-    from redis.asyncio.retry import Retry
-    from redis.backoff import NoBackoff
-
-    class NotingRetry(Retry):
-        async def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
-            noted = _RETRIED.get()
-            if noted is None:
-                return await super().call_with_retry(do, fail, *args, **kwargs)
-
-            async def note(error: Exception, *rest: Any) -> Any:
-                noted.append(error)
-                return await fail(error, *rest)
-
-            return await super().call_with_retry(do, note, *args, **kwargs)
-
-    return NotingRetry(NoBackoff(), retries)
 
 
 #: Keys asked of each SCAN and deleted at once by ``clear``.
