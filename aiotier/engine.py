@@ -189,7 +189,6 @@ class TieringEngine:
         self._ticker: asyncio.Task[None] | None = None
         self._closing: asyncio.Task[None] | None = None
         self._opened = False
-        self._loop: asyncio.AbstractEventLoop | None = None  # the loop that opened it
         #: the answers other threads get without a hop to the loop (``BlockingEngine``)
         self._now = CallerThreadAnswers(self)
 
@@ -243,7 +242,6 @@ class TieringEngine:
                 "closed (workers could no longer attach): create a new PrimaryTier"
             )
         await open_tiers(self.tiers, self.primary.block_size, self.open_timeout, self.io_timeout)
-        self._loop = asyncio.get_running_loop()
         self._opened = True
         self._guard.bind()
         self._fast = not self._core.sightings
@@ -265,7 +263,7 @@ class TieringEngine:
         not stop the close (each of its steps is bounded by ``io_timeout``): it goes on to the
         end, and a second ``aclose()`` awaits it.
         """
-        self._check_loop()
+        self._guard.check_loop()
         with self._guard.lock:
             if self._closing is None:
                 self._core.closed = True
@@ -315,17 +313,6 @@ class TieringEngine:
             except RuntimeError:  # no new thread at interpreter exit (3.12+): one system call
                 self.primary.release_shared_memory()
 
-    def _check_loop(self) -> None:
-        """The engine's tasks, timers and events live on the loop that opened it: awaiting its
-        work from another loop would hang or fail obscurely (checked past the primary-hit fast
-        paths, which touch none of them)."""
-        if self._loop is not None and asyncio.get_running_loop() is not self._loop:
-            raise TieringError(
-                "this engine belongs to the event loop that opened it and was called from "
-                "another one: open and use it in one loop (asyncio.run once), or use "
-                "BlockingEngine from other threads"
-            )
-
     def _check_open(self) -> None:
         if self._core.closed:
             raise TieringError("the engine is closed")
@@ -365,7 +352,7 @@ class TieringEngine:
             if self._core.table.ready_slot(k) is not None:  # a str key hits here
                 self._stats.primary_hit += 1
                 return _HIT
-        self._check_loop()
+        self._guard.check_loop()
         results = await self._reads.scan([k], rs, exclude, prefix=False)
         self._maybe_flush()
         return results[0]
@@ -424,7 +411,7 @@ class TieringEngine:
         with self._guard.lock:
             self._check_open()
             rs = self._request(req)
-        self._check_loop()
+        self._guard.check_loop()
         results = await self._reads.scan(ks, rs, -1, prefix=True)
         self._maybe_flush()
         if self._core.sightings:
@@ -444,7 +431,7 @@ class TieringEngine:
         if timeout is not None:
             check_positive("timeout", timeout, allow_zero=True)
         self._check_open()
-        self._check_loop()
+        self._guard.check_loop()
         return await self._reads.wait(ks, timeout)
 
     # ------------------------------------------------------------------ loads and stores
@@ -515,7 +502,7 @@ class TieringEngine:
             self._check_open()
             if self._core.sightings:
                 self._core.saw([k])
-        self._check_loop()
+        self._guard.check_loop()
         try:
             return await self._cache.get(k)
         finally:
@@ -523,7 +510,7 @@ class TieringEngine:
 
     async def put(self, key: bytes | str, data: bytes | bytearray | memoryview) -> bool:
         """Store ``data`` in the primary, replacing the key everywhere; False when no room."""
-        self._check_loop()
+        self._guard.check_loop()
         return self._put(key, data)
 
     def _put(self, key: bytes | str, data: bytes | bytearray | memoryview) -> bool:
@@ -548,7 +535,7 @@ class TieringEngine:
         k = normalize_key(key)
         with self._guard.lock:
             self._check_open()
-        self._check_loop()
+        self._guard.check_loop()
         return await self._cache.delete(k)
 
     async def clear(self, *, timeout: float | None = None) -> None:
@@ -565,7 +552,7 @@ class TieringEngine:
         ``clear`` succeeds.
         """
         self._check_open()
-        self._check_loop()
+        self._guard.check_loop()
         check_clearable(self.tiers)
         assert self._writers is not None
         await clear_everything(
@@ -580,7 +567,7 @@ class TieringEngine:
         twice ``io_timeout`` (an engine's own bound, so a dead tier cannot hold a flush forever).
         """
         self._check_open()
-        self._check_loop()
+        self._guard.check_loop()
         assert self._writers is not None
         await self._writers.drain(
             timeout if timeout is not None else self.io_timeout * 2, discard=False

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.table import READY
 from .._types import RequestContext, normalize_key, normalize_keys
+from ..errors import TieringError
 
 if TYPE_CHECKING:
     from ..engine import TieringEngine
@@ -62,6 +63,16 @@ class Guard:
     def share(self, lock: Any) -> None:
         """Other threads will call in: core transitions take ``lock`` from now on."""
         self.lock = lock
+
+    def check_loop(self) -> None:
+        """Raise unless the running loop is the engine's: its tasks, timers and events live
+        there, and awaiting its work from another loop would hang or fail obscurely."""
+        if self._loop is not None and asyncio.get_running_loop() is not self._loop:
+            raise TieringError(
+                "this engine belongs to the event loop that opened it and was called from "
+                "another one: open and use it in one loop (asyncio.run once), or use "
+                "BlockingEngine from other threads"
+            )
 
     def call(self, fn: Callable[..., None], *args: Any) -> None:
         """Run ``fn(*args)`` on the engine's loop: now when called there, else posted to it."""
