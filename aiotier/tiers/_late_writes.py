@@ -26,10 +26,10 @@ from collections.abc import Iterable, Sequence
 from .._types import Buffer
 from .framing import checksum
 
+__all__ = ["MAX_DOUBTED", "MAX_PER_KEY", "LateWriteGuard"]
+
 #: A key on the server: a Redis key, an object's name.
 _Key = bytes | str
-
-__all__ = ["MAX_DOUBTED", "MAX_PER_KEY", "LateWriteGuard"]
 
 #: Keys doubted at most (about 400 bytes each with their key: ~25 MiB at the bound).
 MAX_DOUBTED = 1 << 16

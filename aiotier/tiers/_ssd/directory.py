@@ -116,7 +116,7 @@ def _lock(root: str, where: str) -> int:
     """The directory's lock file, open and locked. A lock file removed after we opened it (a
     new tier whose open failed removes its own) locks nothing: then again, on the new one."""
     path = os.path.join(root, LOCK_NAME)
-    while True:
+    for _ in range(100):  # each turn, another opener removed the file we locked
         try:
             fd = os.open(path, _RW | os.O_CREAT, 0o600)
         except OSError as exc:
@@ -137,6 +137,7 @@ def _lock(root: str, where: str) -> int:
         except FileNotFoundError:
             pass
         os.close(fd)
+    raise TierUnavailableError(f"{where}: its lock file keeps being replaced; is it shared?")
 
 
 def _make_root(root: str, where: str) -> bool:
