@@ -116,17 +116,18 @@ class LateWriteGuard:
 
     def written(self, key: _Key, payload: Buffer) -> None:
         """A write of ``key`` was acknowledged: writes of it cut short before are late now."""
-        doubt = self._doubts.get(key)
-        if doubt is not None:
-            self._acks += 1
-            self._forgot(doubt.acknowledged(checksum(payload), self._acks))
+        self._acknowledged(key, payload)
 
     def removed(self, key: _Key) -> None:
         """A remove of ``key`` was acknowledged: writes of it cut short before are late now."""
+        self._acknowledged(key, None)
+
+    def _acknowledged(self, key: _Key, payload: Buffer | None) -> None:
         doubt = self._doubts.get(key)
-        if doubt is not None:
+        if doubt is not None:  # the checksum only for a doubted key
             self._acks += 1
-            self._forgot(doubt.acknowledged(None, self._acks))
+            written = None if payload is None else checksum(payload)
+            self._forgot(doubt.acknowledged(written, self._acks))
 
     def clear_started(self) -> int:
         """A clear of every key begins: the token for :meth:`cleared`."""
@@ -155,14 +156,15 @@ class LateWriteGuard:
     ) -> int:
         """Reads of ``keys`` landed in ``bufs`` (per key its length, -1 or an error): each copy
         that is a late write becomes -1 in ``outcomes``. How many there were."""
-        late = 0
+        doubts, late = self._doubts, 0
         for i, key in enumerate(keys):
-            n = outcomes[i]
+            n, doubt = outcomes[i], doubts.get(key)
             if (
-                type(n) is int
+                doubt is not None
+                and doubt.superseded
+                and type(n) is int
                 and n >= 0
-                and self.refuses_any(key)
-                and self.refuses(key, checksum(bufs[i][:n]))
+                and checksum(bufs[i][:n]) in doubt.superseded
             ):
                 outcomes[i] = -1
                 late += 1
