@@ -24,14 +24,14 @@ from ._core.breaker import BreakerPolicy
 from ._core.engine_core import EngineCore
 from ._core.requests import RequestState
 from ._core.table import READY
-from ._core.writeback import remove
 from ._engine.breakers import Breakers
 from ._engine.cache import CacheCalls
 from ._engine.clearing import check_clearable, clear_everything
-from ._engine.lifecycle import close_tiers, open_tiers
-from ._engine.options import WritePolicy, engine_options
+from ._engine.lifecycle import open_tiers, release_shared_memory, write_down_and_close
+from ._engine.options import WritePolicy, build_core, engine_options
 from ._engine.reads import TierReads
 from ._engine.status import EngineStats, EngineStatus, TierHealth
+from ._engine.stepping import StepExport
 from ._engine.threads import CallerThreadAnswers, Guard
 from ._engine.writers import Writers
 from ._types import (
@@ -43,7 +43,7 @@ from ._types import (
     normalize_key,
     normalize_keys,
 )
-from ._validate import check_positive, check_req, str_ids
+from ._validate import block_data, check_positive, check_req, str_ids
 from .errors import ConfigError, TieringError
 from .telemetry import Telemetry
 from .tiers.base import SecondaryTier
@@ -55,7 +55,6 @@ __all__ = ["EngineStats", "TierHealth", "TieringEngine", "WritePolicy"]
 _HIT: Final = LookupResult.HIT
 _MISS: Final = LookupResult.MISS
 _RETRY: Final = LookupResult.RETRY
-_MAX_BUFFERED_SAMPLES: Final = 100_000  # flush metrics early when nobody calls end_step
 
 
 class TieringEngine:
@@ -130,25 +129,7 @@ class TieringEngine:
         self._hand_over = hand_over
         self._writers: Writers | None = None
         self._guard = guard = Guard()
-        self._core = core = EngineCore(
-            primary.arena,
-            primary.table,
-            primary_name=primary.name,
-            tier_names=[t.name for t in tiers],
-            hints=[t.contains_hint for t in tiers],
-            write_policy=o.write_policy,
-            immutable_keys=o.immutable_keys,
-            promotion_timeout=o.promotion_timeout,
-            backoff_seconds=o.backoff_seconds,
-            pin_steps=o.pin_steps,
-            max_inflight_promotions=o.max_inflight_promotions,
-            max_promotion_share=o.max_promotion_share,
-            max_pending_write_bytes=o.max_pending_write_bytes,
-            stage_demotions=bool(tiers) and not tiers[0].keeps_written_bytes,
-            primary_admission=o.admission.get(primary.name),
-            tier_admission=[o.admission.get(t.name) for t in tiers],
-            notify=self._notify_writer,
-        )
+        self._core = core = build_core(primary, o, self._notify_writer)
         #: Each secondary tier's circuit: while open the engine does not call the tier.
         self.breaker = o.breaker
         breakers = Breakers(tiers, o.breaker, guard)
@@ -167,7 +148,7 @@ class TieringEngine:
         self._status = status = EngineStatus(
             core, primary, tiers, guard, breakers, lambda: self._opened and not core.closed
         )
-        self._telemetry = Telemetry(
+        telemetry = Telemetry(
             meter_provider,
             {
                 "tier_usage": status.usage_by_tier,
@@ -176,6 +157,7 @@ class TieringEngine:
             },
             health=self.health,
         )
+        self._export = StepExport(core, tiers, guard, telemetry)
 
         # the primary-hit paths read these directly (the table never replaces them)
         self._index = primary.table.index
@@ -186,7 +168,6 @@ class TieringEngine:
         # primary-hit fast paths check (with sightings to count, hits take the slow path)
         self._fast = False
 
-        self._ticker: asyncio.Task[None] | None = None
         self._closing: asyncio.Task[None] | None = None
         self._opened = False
         #: the answers other threads get without a hop to the loop (``BlockingEngine``)
@@ -251,9 +232,7 @@ class TieringEngine:
         assert self._writers is not None
         self._writers.start()
         if self.step_interval is not None:
-            self._ticker = asyncio.get_running_loop().create_task(
-                self._tick(self.step_interval), name="aiotier-step"
-            )
+            self._export.start_ticker(self.step_interval, self.end_step)
 
     async def aclose(self, *, flush: bool = True) -> None:
         """Cancel promotions, write down primary-only blocks (``write_back``), close the tiers.
@@ -270,8 +249,7 @@ class TieringEngine:
                 self._fast = False
                 # promotions and the ticker stop now, not a loop turn later when the close runs
                 self._reads.cancel_tasks()
-                if self._ticker is not None:
-                    self._ticker.cancel()
+                self._export.stop_ticker()
                 self._closing = asyncio.get_running_loop().create_task(
                     self._close(flush), name="aiotier-close"
                 )
@@ -279,39 +257,17 @@ class TieringEngine:
 
     async def _close(self, flush: bool) -> None:
         core, lock = self._core, self._guard.lock
-        if self._ticker is not None:
-            await asyncio.gather(self._ticker, return_exceptions=True)
+        await self._export.ticker_stopped()
         await self._reads.cancel(self.io_timeout)
         with lock:
             core.release_all()
         if self._opened:
             assert self._writers is not None
-            with lock:
-                # copies a failed write or remove may have left behind are the one thing a
-                # restart would not know to avoid: try once more to remove them (a write-down
-                # follows them)
-                for ti in range(len(self.tiers)):
-                    for k in core.coherence.stale_keys(ti):
-                        core.writes.push(ti, remove(k))
-                if flush and self.write_policy == "write_back" and self.tiers:
-                    core.demotions.write_down_primary(
-                        next((i for i, t in enumerate(self.tiers) if t.persistent), 0)
-                    )
-            await self._writers.drain(self.io_timeout * 2, discard=True)
-            await self._writers.stop()
-
-            def failed(t: SecondaryTier) -> None:
-                with lock:
-                    core.stats.count("tier_errors", t.name, "close")
-
-            await close_tiers(self.tiers, self.io_timeout, failed)
-        self._flush_metrics()
-        self._telemetry.detach()
-        if self.primary.shared_memory_name is not None:  # system calls: off the loop
-            try:
-                await asyncio.to_thread(self.primary.release_shared_memory)
-            except RuntimeError:  # no new thread at interpreter exit (3.12+): one system call
-                self.primary.release_shared_memory()
+            await write_down_and_close(
+                core, self.tiers, self._writers, lock, self.io_timeout, flush=flush
+            )
+        self._export.close()
+        await release_shared_memory(self.primary)
 
     def _check_open(self) -> None:
         if self._core.closed:
@@ -354,7 +310,7 @@ class TieringEngine:
                 return _HIT
         self._guard.check_loop()
         results = await self._reads.scan([k], rs, exclude, prefix=False)
-        self._maybe_flush()
+        self._export.flush_if_full()
         return results[0]
 
     async def lookup_prefix(
@@ -413,7 +369,7 @@ class TieringEngine:
             rs = self._request(req)
         self._guard.check_loop()
         results = await self._reads.scan(ks, rs, -1, prefix=True)
-        self._maybe_flush()
+        self._export.flush_if_full()
         if self._core.sightings:
             first_miss = results.index(_MISS) if _MISS in results else len(results)
             with self._guard.lock:
@@ -506,7 +462,7 @@ class TieringEngine:
         try:
             return await self._cache.get(k)
         finally:
-            self._maybe_flush()
+            self._export.flush_if_full()
 
     async def put(self, key: bytes | str, data: bytes | bytearray | memoryview) -> bool:
         """Store ``data`` in the primary, replacing the key everywhere; False when no room."""
@@ -516,19 +472,10 @@ class TieringEngine:
     def _put(self, key: bytes | str, data: bytes | bytearray | memoryview) -> bool:
         """``put`` awaits nothing: a caller's thread can run it too (``BlockingEngine``)."""
         k = normalize_key(key)
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise TypeError(f"data must be bytes-like, got {type(data).__name__}")
-        try:
-            data = memoryview(data).cast("B")  # any item size or shape, as its raw bytes
-        except TypeError:
-            raise TypeError(f"data for block {k[:64]!r} must be C-contiguous") from None
-        n = data.nbytes
-        bs = self.primary.block_size
-        if n > bs:
-            raise ValueError(f"data for block {k[:64]!r} is {n} bytes, block_size is {bs}")
+        view = block_data(k, data, self.primary.block_size)
         with self._guard.lock:
             self._check_open()
-            return self._core.put(k, data)
+            return self._core.put(k, view)
 
     async def delete(self, key: bytes | str) -> bool:
         """Remove the block from every tier; True if any tier had it."""
@@ -588,22 +535,7 @@ class TieringEngine:
         finished = str_ids("finished_req_ids", finished_req_ids)
         with self._guard.lock:
             self._core.end_step(new, finished)
-        self._flush_metrics()
-
-    def _flush_metrics(self) -> None:
-        with self._guard.lock:
-            snap = self._core.take_step([t.evictions for t in self.tiers])
-        self._telemetry.flush(snap)  # the SDK takes its own locks: not under the engine's
-
-    def _maybe_flush(self) -> None:
-        """Without a scheduler calling end_step, keep the sample buffers bounded."""
-        if self._stats.sample_count() > _MAX_BUFFERED_SAMPLES:
-            self._flush_metrics()
-
-    async def _tick(self, interval: float) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            self.end_step()
+        self._export.flush()
 
     # ------------------------------------------------------------------ introspection
 

@@ -99,12 +99,25 @@ class Demotions:
             if coherence.writing(ti, k) or coherence.holds(ti, k) is not False:
                 core.writes.push(ti, remove(k))
 
-    def write_down_primary(self, ti: int) -> None:
-        """At close (write-back): queue the primary's blocks for tier ``ti`` (persistent).
+    def at_close(self, write_down_to: int | None) -> None:
+        """The engine is closing: queue what must reach the tiers before they close.
 
-        Blocks that tier already holds are skipped: a put or store of a key removes its older
-        copies everywhere, so a copy below is always the same bytes.
+        Copies that a failed write or remove may have left behind are the one thing a restart
+        would not know to avoid: their removes are queued once more (a write-down follows
+        them). Under write-back, ``write_down_to`` (the first persistent tier; None: skip it)
+        gets the primary's blocks it does not hold yet.
         """
+        core = self._core
+        for ti in range(len(core.tier_names)):
+            for k in core.coherence.stale_keys(ti):
+                core.writes.push(ti, remove(k))
+        if write_down_to is not None and core.write_policy == "write_back":
+            self._write_down_primary(write_down_to)
+
+    def _write_down_primary(self, ti: int) -> None:
+        """Queue the primary's blocks for tier ``ti``. Blocks that tier already holds are
+        skipped: a put or store of a key removes its older copies everywhere, so a copy below
+        is always the same bytes."""
         core = self._core
         table, coherence = core.table, core.coherence
         for k, slot in list(table.index.items()):

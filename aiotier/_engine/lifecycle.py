@@ -1,15 +1,20 @@
-"""Opening and closing the secondary tiers: in order, each bounded, none left half-open."""
+"""Opening and closing the tiers: in order, each bounded, none left half-open; at close,
+what must go down first."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
+from typing import Any
 
+from .._core.engine_core import EngineCore
 from ..errors import TieringError
 from ..tiers.base import SecondaryTier
+from ..tiers.primary import PrimaryTier
+from .writers import Writers
 
-__all__ = ["close_tiers", "open_tiers"]
+__all__ = ["close_tiers", "open_tiers", "release_shared_memory", "write_down_and_close"]
 
 
 async def open_tiers(
@@ -45,3 +50,39 @@ async def close_tiers(
             await asyncio.wait_for(t.aclose(), timeout)
         except Exception:
             failed(t)
+
+
+async def write_down_and_close(
+    core: EngineCore,
+    tiers: Sequence[SecondaryTier],
+    writers: Writers,
+    lock: Any,
+    io_timeout: float,
+    *,
+    flush: bool,
+) -> None:
+    """Queue what must go down before the tiers close (with ``flush``, under write-back, the
+    primary's blocks for the first persistent tier), drain the writers (within twice
+    ``io_timeout``; what is left is dropped), stop them and close the tiers (a failure to
+    close is counted)."""
+    persistent = next((i for i, t in enumerate(tiers) if t.persistent), 0)
+    with lock:
+        core.demotions.at_close(persistent if flush and tiers else None)
+    await writers.drain(io_timeout * 2, discard=True)
+    await writers.stop()
+
+    def failed(t: SecondaryTier) -> None:
+        with lock:
+            core.stats.count("tier_errors", t.name, "close")
+
+    await close_tiers(tiers, io_timeout, failed)
+
+
+async def release_shared_memory(primary: PrimaryTier) -> None:
+    """Remove the primary's shared-memory segment, if it has one (system calls: off the loop)."""
+    if primary.shared_memory_name is None:
+        return
+    try:
+        await asyncio.to_thread(primary.release_shared_memory)
+    except RuntimeError:  # no new thread at interpreter exit (3.12+): one system call
+        primary.release_shared_memory()

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
 from .._core.admission import AdmissionPolicy
 from .._core.breaker import BreakerPolicy
+from .._core.engine_core import EngineCore
 from .._validate import check_int, check_positive
 from ..errors import ConfigError
 from ..tiers.base import SecondaryTier
 from ..tiers.primary import PrimaryTier
 
-__all__ = ["EngineOptions", "WritePolicy", "engine_options"]
+__all__ = ["EngineOptions", "WritePolicy", "build_core", "engine_options"]
 
 WritePolicy = Literal["write_back", "write_through", "none"]
 _WRITE_POLICIES: Final = ("write_back", "write_through", "none")
@@ -132,3 +133,29 @@ def _check_admission(
                 f"AdmitTinyLFU), got {type(policy).__name__}"
             )
     return out
+
+
+def build_core(primary: PrimaryTier, o: EngineOptions, notify: Callable[[int], None]) -> EngineCore:
+    """The engine's synchronous core over ``primary`` and the tiers of ``o``; ``notify(ti)``
+    wakes tier ``ti``'s writer when the core queues work for it."""
+    tiers = o.tiers
+    return EngineCore(
+        primary.arena,
+        primary.table,
+        primary_name=primary.name,
+        tier_names=[t.name for t in tiers],
+        hints=[t.contains_hint for t in tiers],
+        write_policy=o.write_policy,
+        immutable_keys=o.immutable_keys,
+        promotion_timeout=o.promotion_timeout,
+        backoff_seconds=o.backoff_seconds,
+        pin_steps=o.pin_steps,
+        max_inflight_promotions=o.max_inflight_promotions,
+        max_promotion_share=o.max_promotion_share,
+        max_pending_write_bytes=o.max_pending_write_bytes,
+        # bytes on their way down are copied into reused buffers unless the tier keeps them
+        stage_demotions=bool(tiers) and not tiers[0].keeps_written_bytes,
+        primary_admission=o.admission.get(primary.name),
+        tier_admission=[o.admission.get(t.name) for t in tiers],
+        notify=notify,
+    )
