@@ -18,12 +18,41 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
-from typing import Any, Protocol, cast
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, Protocol, cast
 
 from ._resp_parser import MgetParser, Reply, RespError, RespProtocolError, pack_command
 
-__all__ = ["RespReaderPool", "RespServerError"]
+__all__ = ["RespReaderPool", "RespServerError", "fast_reader_target"]
+
+#: A batched read is split over several connections only when each part moves this much.
+SPLIT_BYTES: Final = 2 << 20
+#: ``client_kwargs`` of redis-py that only redis-py's own connections can honour.
+_REDIS_PY_ONLY: Final = frozenset({
+    "credential_provider", "connection_pool", "connection_class", "ssl", "host", "port", "path",
+    "unix_socket_path", "redis_connect_func",
+})  # fmt: skip
+
+
+def fast_reader_target(url: str, client_kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The :class:`RespReaderPool` arguments that reach the server ``url`` (with the ``db``,
+    ``username`` and ``password`` of ``client_kwargs``), or None where only redis-py will do
+    (TLS, a custom connection). ``ValueError`` for a URL redis-py cannot parse."""
+    from redis.asyncio.connection import parse_url
+
+    scheme = url.partition("://")[0].lower()
+    if scheme not in ("redis", "unix") or _REDIS_PY_ONLY & client_kwargs.keys():
+        return None
+    parsed: dict[str, Any] = dict(parse_url(url))
+    parsed.update({k: v for k, v in client_kwargs.items() if k in ("db", "username", "password")})
+    return {
+        "host": parsed.get("host", "localhost"),
+        "port": int(parsed.get("port", 6379)),
+        "path": parsed.get("path") if scheme == "unix" else None,
+        "db": int(parsed.get("db", 0) or 0),
+        "username": parsed.get("username"),
+        "password": parsed.get("password"),
+    }
 
 
 class _Transport(Protocol):
@@ -170,6 +199,32 @@ class RespReaderPool:
             proto.abort()
             raise
         return proto
+
+    async def mget_striped(
+        self,
+        rkeys: Sequence[bytes],
+        keys: Sequence[bytes],
+        bufs: Sequence[memoryview],
+        streams: int,
+    ) -> list[int | Exception]:
+        """The keys read over up to ``streams`` connections at once (a part moves at least
+        :data:`SPLIT_BYTES`); per-key outcomes in order, or the first part's failure."""
+        total = sum(len(b) for b in bufs)
+        streams = max(1, min(streams, len(keys), total // SPLIT_BYTES))
+        step = -(-len(keys) // streams)
+        parts = await asyncio.gather(
+            *(
+                self.mget_into(rkeys[a : a + step], keys[a : a + step], bufs[a : a + step])
+                for a in range(0, len(keys), step)
+            ),
+            return_exceptions=True,  # every part has finished (and let go of bufs) on return
+        )
+        out: list[int | Exception] = []
+        for part in parts:
+            if isinstance(part, BaseException):
+                raise part
+            out.extend(part)
+        return out
 
     async def mget_into(
         self, rkeys: Sequence[bytes], keys: Sequence[bytes], bufs: Sequence[memoryview]

@@ -42,7 +42,7 @@ from ..errors import (
 from ._late_writes import LateWriteGuard
 from ._outage import GuardedTier, ServerGuard
 from ._redis_late import guarded_write, noting_retry, refuse_late_copies
-from ._resp import RespReaderPool, RespServerError
+from ._resp import RespReaderPool, RespServerError, fast_reader_target
 from .base import SecondaryTier, TierUsage
 from .framing import block_digest, encode_frame, payload_into
 
@@ -66,8 +66,6 @@ for i = 1, #KEYS do out[i] = redis.call('EXISTS', KEYS[i]) end
 return out
 """
 _LOOKUP_SHA: Final = hashlib.sha1(_LOOKUP_SCRIPT).hexdigest()
-# A batched read is split over several connections only when each part moves this much.
-_SPLIT_BYTES: Final = 2 << 20
 
 
 def _import_redis() -> tuple[ModuleType, ModuleType]:
@@ -200,9 +198,12 @@ class RedisTier(GuardedTier, SecondaryTier):
         self.read_streams = read_streams
         self.max_read_connections = max_read_connections
         self._deployment = _Cluster() if cluster else _SingleServer()
-        self._fast_target = (
-            self._fast_reader_target() if fast_reads and self._deployment.fast_reads else None
-        )
+        self._fast_target: dict[str, Any] | None = None
+        if fast_reads and self._deployment.fast_reads:
+            try:
+                self._fast_target = fast_reader_target(self.url, self._client_kwargs)
+            except ValueError as exc:
+                raise ConfigError(f"RedisTier url {self._safe_url()!r}: {exc}") from None
         self._fast: RespReaderPool | None = None
         self._prefix = namespace.encode("utf-8") + b":"
         self._px = None if ttl is None else max(1, round(ttl * 1000))
@@ -265,33 +266,6 @@ class RedisTier(GuardedTier, SecondaryTier):
         if client is not None:
             with contextlib.suppress(Exception):
                 await client.aclose()
-
-    def _fast_reader_target(self) -> dict[str, Any] | None:
-        """Where the fast reader connects, or None where only redis-py will do (TLS, custom)."""
-        from redis.asyncio.connection import parse_url
-
-        scheme = self.url.partition("://")[0].lower()
-        if scheme not in ("redis", "unix"):
-            return None
-        custom = {"credential_provider", "connection_pool", "connection_class", "ssl", "host",
-                  "port", "path", "unix_socket_path", "redis_connect_func"}  # fmt: skip
-        if custom & self._client_kwargs.keys():
-            return None
-        try:
-            parsed: dict[str, Any] = dict(parse_url(self.url))
-        except ValueError as exc:
-            raise ConfigError(f"RedisTier url {self._safe_url()!r}: {exc}") from None
-        parsed.update(
-            {k: v for k, v in self._client_kwargs.items() if k in ("db", "username", "password")}
-        )
-        return {
-            "host": parsed.get("host", "localhost"),
-            "port": int(parsed.get("port", 6379)),
-            "path": parsed.get("path") if scheme == "unix" else None,
-            "db": int(parsed.get("db", 0) or 0),
-            "username": parsed.get("username"),
-            "password": parsed.get("password"),
-        }
 
     def _ensure_client(self) -> Any:
         if self._client is not None:
@@ -540,22 +514,7 @@ class RedisTier(GuardedTier, SecondaryTier):
         fast = self._fast
         if fast is None:
             raise TierUnavailableError(f"redis tier {self.name!r} is closed")
-        total = sum(len(b) for b in bufs)
-        streams = max(1, min(self.read_streams, len(keys), total // _SPLIT_BYTES))
-        step = -(-len(keys) // streams)
-        parts = await asyncio.gather(
-            *(
-                fast.mget_into(rkeys[a : a + step], keys[a : a + step], bufs[a : a + step])
-                for a in range(0, len(keys), step)
-            ),
-            return_exceptions=True,  # every part has finished (and let go of bufs) on return
-        )
-        out: list[int | Exception] = []
-        for part in parts:
-            if isinstance(part, BaseException):
-                raise part
-            out.extend(part)
-        return out
+        return await fast.mget_striped(rkeys, keys, bufs, self.read_streams)
 
     async def _settle_reads(
         self,
