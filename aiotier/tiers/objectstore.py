@@ -10,11 +10,13 @@ Every call has a deadline (``timeout``; a batch shares one): 5xx and throttling 
 retried with jittered exponential back-off until it passes. Connectivity failures feed a circuit
 breaker (:class:`~aiotier.tiers._outage.ServerGuard`): once open, calls fail at once (the engine
 counts MISSes and failed writes, callers see no exception) and a probe closes it again when the
-server answers. At most ``max_concurrency`` requests are in flight per tier at any time.
+server answers. At most ``max_concurrency`` requests are in flight per tier at any time (the
+rules in full: :mod:`._object_requests`).
 
 A bucket has no cheap size, so :meth:`ObjectStoreTier.usage` reports what this tier instance
 wrote (and has not seen removed), not what the bucket holds; expiry is the bucket's business
-(a lifecycle rule on the prefix, see docs/operations.md).
+(a lifecycle rule on the prefix, see docs/operations.md). What else the tier remembers of its
+objects, and for how long, is in :mod:`._object_memory`.
 
 obstore is an optional dependency (the ``s3`` extra), imported when a tier is created, so
 ``import aiotier`` works without it.
@@ -24,18 +26,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 from .._types import LookupResult
-from ..errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
+from ..errors import BlockCorruptedError, ConfigError, TieringError
 from ._late_writes import LateWriteGuard
 from ._lookahead import LookAhead
 from ._object_client import ObstoreClient, Refused, ServerBusy, Unreachable
+from ._object_memory import ObjectMemory
+from ._object_requests import ObjectRequests, RequestingTier
 from ._outage import GuardedTier, ServerGuard
 from .base import SecondaryTier, TierUsage
 from .framing import HEADER, block_digest, encode_frame, payload_into
@@ -43,7 +45,6 @@ from .framing import HEADER, block_digest, encode_frame, payload_into
 __all__ = ["ObjectStoreTier"]
 
 _log = logging.getLogger("aiotier.objectstore")
-_T = TypeVar("_T")
 
 #: The frame size lookups assume, until the engine tells the block size or a body is seen.
 _FRAME_GUESS: Final = 1 << 20
@@ -54,49 +55,8 @@ _COPY_SLICE: Final = 4 << 20
 #: Names listed per request by ``clear`` (S3 answers at most 1000).
 _CLEAR_PAGE = 1000
 
-#: Objects whose bytes failed verification, remembered by ETag so lookups answer MISS for them
-#: without another GET until someone writes the key again. Bounded: old entries fall out.
-_BAD_CAPACITY: Final = 4096
 
-
-class _Recent:
-    """Object names this tier wrote or read within the last ``ttl`` seconds (at most
-    ``capacity`` of them): what :meth:`ObjectStoreTier.contains_hint` and lookups answer from."""
-
-    __slots__ = ("_clock", "_names", "capacity", "ttl")
-
-    def __init__(self, capacity: int, ttl: float, clock: Callable[[], float]) -> None:
-        self.capacity = capacity
-        self.ttl = ttl
-        self._clock = clock
-        self._names: OrderedDict[str, float] = OrderedDict()
-
-    def add(self, name: str) -> None:
-        if self.capacity <= 0:
-            return
-        names = self._names
-        names[name] = self._clock() + self.ttl
-        names.move_to_end(name)
-        while len(names) > self.capacity:
-            names.popitem(last=False)
-
-    def fresh(self, name: str) -> bool:
-        until = self._names.get(name)
-        if until is None:
-            return False
-        if self._clock() < until:
-            return True
-        del self._names[name]
-        return False
-
-    def drop(self, name: str) -> None:
-        self._names.pop(name, None)
-
-    def clear(self) -> None:
-        self._names.clear()
-
-
-class ObjectStoreTier(GuardedTier, SecondaryTier):
+class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
     """Blocks as objects under ``prefix`` in an S3-compatible ``bucket``.
 
     Credentials come from obstore's usual sources, never from code: the ``AWS_ACCESS_KEY_ID`` /
@@ -182,30 +142,26 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
             timeout=timeout,
             log=_log,
         )
-        self._slots = asyncio.Semaphore(max_concurrency)
-        self._recent = _Recent(recent_capacity, recent_ttl, time.monotonic)
-        self._bad: OrderedDict[str, str] = OrderedDict()
+        self._requests = ObjectRequests(
+            f"object tier {name!r}",
+            self._where,
+            self._guard,
+            max_concurrency=max_concurrency,
+            timeout=timeout,
+            retry_base=retry_base,
+            retry_cap=retry_cap,
+        )
+        self._memory = ObjectMemory(recent_capacity, recent_ttl, time.monotonic)
         self._lookahead = LookAhead(lookahead_bytes, lookahead_ttl, time.monotonic)
         self._block_size: int | None = None
         self._largest_frame = 0
-        # What this tier instance wrote and has not seen disappear: object name -> frame size.
-        self._written: dict[str, int] = {}
-        self._bytes_written = 0
         self._late = LateWriteGuard(f"object tier {name!r}", _log)
-        #: Requests sent to the server (retries included).
-        self.requests = 0
-        #: Requests sent again after a 5xx, a throttling answer or a lost connection.
-        self.retries = 0
         #: Reads whose bytes failed verification (answered as a MISS, never returned).
         self.corrupted = 0
         #: Reads answered from the body their lookup fetched (no request of their own).
         self.lookahead_reads = 0
         #: Writes skipped because the bucket already held the key (``immutable_keys``).
         self.skipped_writes = 0
-        #: Requests in flight now, and the most ever in flight at once (never above
-        #: ``max_concurrency``).
-        self.inflight = 0
-        self.max_inflight = 0
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> ObjectStoreTier:
@@ -275,65 +231,6 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         except (TypeError, ValueError):
             return None
 
-    # -- the call wrapper ------------------------------------------------------------------------
-
-    def _deadline(self) -> float:
-        return asyncio.get_running_loop().time() + self.timeout
-
-    async def _call(self, op: str, request: Callable[[], Awaitable[_T]], deadline: float) -> _T:
-        """``request()`` with a slot of ``max_concurrency``, before ``deadline``; 5xx and
-        throttling answers (and lost connections, while the circuit stays closed) are retried
-        after a jittered back-off that ends before the deadline."""
-        loop = asyncio.get_running_loop()
-        attempt = 0
-        while True:
-            self._guard.check(op)
-            try:
-                async with asyncio.timeout_at(deadline), self._slots:
-                    self.requests += 1
-                    self.inflight += 1
-                    self.max_inflight = max(self.max_inflight, self.inflight)
-                    try:
-                        result = await request()
-                    finally:
-                        self.inflight -= 1
-            except ServerBusy as exc:
-                last: TieringError = exc  # answered: the breaker is not involved
-            except Unreachable as exc:
-                self._guard.failure()
-                last = exc
-            except TimeoutError as exc:
-                self._guard.failure()
-                raise TierUnavailableError(
-                    f"object tier {self.name!r}: {op} timed out after {self.timeout}s "
-                    f"({self._where()})"
-                ) from exc
-            except Refused as exc:
-                raise TieringError(f"object tier {self.name!r}: {op}: {exc}") from exc
-            else:
-                self._guard.success()
-                return result
-            # Full jitter: a random sleep up to an exponentially growing cap.
-            delay = random.uniform(0, min(self.retry_cap, self.retry_base * 2**attempt))
-            if loop.time() + delay >= deadline or not self._guard.available:
-                raise TierUnavailableError(
-                    f"object tier {self.name!r}: {op} failed after {attempt + 1} attempt(s) "
-                    f"({self._where()}): {last}"
-                ) from last
-            attempt += 1
-            self.retries += 1
-            await asyncio.sleep(delay)
-
-    async def _each(self, items: Sequence[_T], one: Callable[[_T], Awaitable[Any]]) -> list[Any]:
-        """``one(item)`` for every item at once (the slots bound what reaches the server); a
-        failure is returned in place of its result. Returns after every call has finished."""
-        if len(items) == 1:
-            try:
-                return [await one(items[0])]
-            except Exception as exc:
-                return [exc]
-        return list(await asyncio.gather(*(one(i) for i in items), return_exceptions=True))
-
     # -- the five operations ---------------------------------------------------------------------
 
     async def lookup(self, key: bytes) -> LookupResult:
@@ -363,17 +260,17 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         blocks deleted in one bulk request, each with its own deadline."""
         after: str | None = None
         started = self._late.clear_started()
-        while names := await self._call(
+        requests = self._requests
+        while names := await requests.send(
             "clear", partial(self.client.list_page, self.prefix, after, _CLEAR_PAGE),
-            self._deadline(),
+            requests.deadline(),
         ):
             after = names[-1]
             if blocks := [n for n in names if _is_block_name(n, self.prefix)]:
-                await self._call("clear", partial(self.client.delete, blocks), self._deadline())
-        self._written.clear()
-        self._bytes_written = 0
-        self._recent.clear()
-        self._bad.clear()
+                await requests.send(
+                    "clear", partial(self.client.delete, blocks), requests.deadline()
+                )
+        self._memory.clear()
         self._lookahead.clear()
         self._late.cleared(started)
 
@@ -383,7 +280,7 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         The bucket is shared and has no cheap size (and lifecycle rules expire objects on
         their own), so this is this engine's view, not the bucket's; capacity is unbounded.
         """
-        return TierUsage(len(self._written), self._bytes_written, None)
+        return TierUsage(self._memory.written_objects, self._memory.written_bytes, None)
 
     def counters(self) -> dict[str, int]:
         """Requests sent (retries included), retries, reads that failed verification, writes
@@ -400,7 +297,7 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
     def contains_hint(self, key: bytes) -> bool | None:
         """True for a key this tier wrote or read within ``recent_ttl`` seconds; otherwise it
         cannot tell (another engine may have written or removed it), so None, never False."""
-        return True if self._recent.fresh(self.object_name(key)) else None
+        return True if self._memory.fresh(self.object_name(key)) else None
 
     # -- batched forms ---------------------------------------------------------------------------
 
@@ -416,28 +313,28 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
             return []
         names = [self.object_name(k) for k in keys]
         out = [LookupResult.HIT] * len(keys)
-        asked = [i for i, n in enumerate(names) if not self._recent.fresh(n)]
+        asked = [i for i, n in enumerate(names) if not self._memory.fresh(n)]
         if not asked:
             return out
-        deadline = self._deadline()
+        deadline = self._requests.deadline()
         fetch = self._fetch_count(keys, asked)
         mark = self._lookahead.begin()
 
         async def ask(j: int) -> str | None:
             name = names[asked[j]]
             if j >= fetch:
-                return await self._call("lookup", lambda: self.client.head(name), deadline)
-            got = await self._call("lookup", lambda: self.client.get(name), deadline)
+                return await self._requests.send("lookup", lambda: self.client.head(name), deadline)
+            got = await self._requests.send("lookup", lambda: self.client.get(name), deadline)
             if got is None:
                 return None
             body, etag = got
             self._largest_frame = max(self._largest_frame, len(body))
-            if self._bad.get(name) != etag:
+            if not self._memory.refused(name, etag):
                 self._lookahead.keep(name, body, etag, len(body), mark)
             return etag
 
         try:
-            heads = await self._each(range(len(asked)), ask)
+            heads = await self._requests.each(range(len(asked)), ask)
         finally:
             self._lookahead.end(mark)
         failures = 0
@@ -446,8 +343,8 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
             if isinstance(etag, Exception):
                 failures += 1
                 out[i] = LookupResult.MISS
-            elif etag is None or self._bad.get(name) == etag:
-                self._forget(name)
+            elif etag is None or self._memory.refused(name, etag):
+                self._memory.gone(name)
                 out[i] = LookupResult.MISS
             else:
                 out[i] = LookupResult.HIT
@@ -494,14 +391,14 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
                 await asyncio.sleep(0)
         if not fetch:
             return out
-        deadline = self._deadline()
+        deadline = self._requests.deadline()
 
         async def one(i: int) -> int:
             name = names[i]
-            got = await self._call("read", lambda: self.client.get(name), deadline)
+            got = await self._requests.send("read", lambda: self.client.get(name), deadline)
             return self._deliver(keys[i], name, got, bufs[i])
 
-        for i, outcome in zip(fetch, await self._each(fetch, one), strict=True):
+        for i, outcome in zip(fetch, await self._requests.each(fetch, one), strict=True):
             out[i] = outcome
         return out
 
@@ -511,7 +408,7 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         """Verify a fetched body and copy its payload into ``buf``: its length, -1 when the
         object was not there; raises when its bytes fail verification."""
         if got is None:
-            self._forget(name)
+            self._memory.gone(name)
             return -1
         frame, etag = got
         try:
@@ -525,12 +422,10 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         if self._late and self._late.screen((name,), (buf,), outcome):
             # an older write, cut short, landed after a later one: a MISS, remembered by ETag
             # like a corrupted object (not deleted: the bucket is shared)
-            self._forget(name)
-            self._remember_bad(name, etag)
+            self._memory.refuse(name, etag)
             _log.warning("object tier %r: %s: a write cut short landed late", self.name, name)
             return -1
-        self._bad.pop(name, None)
-        self._recent.add(name)
+        self._memory.verified(name)
         return n
 
     async def write_many(
@@ -540,7 +435,7 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         its request gets a slot, so memory stays bounded by the slots, not the batch). Of two
         writes of one key only the last is sent (PUTs run at once: the server would keep
         either); the earlier ones get its outcome."""
-        deadline = self._deadline()
+        deadline = self._requests.deadline()
         late = self._late
 
         async def one(item: tuple[bytes, bytes | memoryview]) -> None:
@@ -549,7 +444,7 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
             self._lookahead.changed(name)
             if self.immutable_keys and await self._held(name, deadline):
                 self.skipped_writes += 1
-                self._recent.add(name)
+                self._memory.seen(name)
                 late.written(name, data)  # immutable keys: the bytes held are these
                 return
             frame = encode_frame(key, data)
@@ -563,20 +458,18 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
                     raise
 
             try:
-                await self._call("write", put, deadline)
+                await self._requests.send("write", put, deadline)
             finally:  # a lookup that fetched while the PUT was under way got the old bytes
                 self._lookahead.changed(name)
             late.written(name, data)
-            self._bad.pop(name, None)
-            self._recent.add(name)
-            self._remember(name, len(frame))
+            self._memory.written(name, len(frame))
 
         # the last write of each object, in the batch's order (a bad key is sent: it fails)
         names = [self._name_or_none(k) for k, _ in items]
         last = {name: i for i, name in enumerate(names) if name is not None}
         keep = [i for i, name in enumerate(names) if name is None or last[name] == i]
         sent = [items[i] for i in keep] if len(keep) < len(items) else items
-        outcomes = await self._each(sent, one)
+        outcomes = await self._requests.each(sent, one)
         if sent is not items:
             outcome_of = dict(zip(keep, outcomes, strict=True))
             outcomes = [outcome_of[i if n is None else last[n]] for i, n in enumerate(names)]
@@ -588,17 +481,17 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
         names = [self.object_name(k) for k in keys]
         for name in names:
             self._lookahead.changed(name)
-        deadline = self._deadline()
-        heads = await self._each(
-            names, lambda n: self._call("remove", lambda: self.client.head(n), deadline)
+        deadline = self._requests.deadline()
+        heads = await self._requests.each(
+            names, lambda n: self._requests.send("remove", lambda: self.client.head(n), deadline)
         )
         present = [n for n, h in zip(names, heads, strict=True) if isinstance(h, str)]
         for name in names:
-            self._recent.drop(name)
+            self._memory.removing(name)
         failed: Exception | None = None
         if present:
             try:
-                await self._call("remove", lambda: self.client.delete(present), deadline)
+                await self._requests.send("remove", lambda: self.client.delete(present), deadline)
             except TieringError as exc:
                 failed = exc
             finally:  # a lookup that fetched while the DELETE was under way got the old bytes
@@ -611,7 +504,7 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
             elif head is not None and failed is not None:
                 out.append(failed)
             else:
-                self._forget(name)
+                self._memory.gone(name)
                 self._late.removed(name)
                 out.append(head is not None)
         return out
@@ -620,37 +513,18 @@ class ObjectStoreTier(GuardedTier, SecondaryTier):
 
     async def _held(self, name: str, deadline: float) -> bool:
         """Whether the bucket holds a sound-looking object under ``name`` (``immutable_keys``)."""
-        if self._recent.fresh(name):
+        if self._memory.fresh(name):
             return True
-        etag = await self._call("write", lambda: self.client.head(name), deadline)
-        return etag is not None and self._bad.get(name) != etag
+        etag = await self._requests.send("write", lambda: self.client.head(name), deadline)
+        return etag is not None and not self._memory.refused(name, etag)
 
     def _corrupted(self, name: str, etag: str) -> None:
         """An object failed verification: count it, and answer MISS for it (by its ETag) until
         it is written again. It is not deleted: the bucket is shared, and a DELETE could race
         with another engine's fresh write of the key."""
         self.corrupted += 1
-        self._forget(name)
-        self._remember_bad(name, etag)
+        self._memory.refuse(name, etag)
         _log.warning("object tier %r: %s failed verification; answered as a MISS", self.name, name)
-
-    def _remember_bad(self, name: str, etag: str) -> None:
-        """Answer MISS for the object ``name`` while its ETag is ``etag`` (the newest few)."""
-        self._bad[name] = etag
-        self._bad.move_to_end(name)
-        while len(self._bad) > _BAD_CAPACITY:
-            self._bad.popitem(last=False)
-
-    def _remember(self, name: str, size: int) -> None:
-        old = self._written.get(name, 0)
-        self._written[name] = size
-        self._bytes_written += size - old
-
-    def _forget(self, name: str) -> None:
-        self._recent.drop(name)
-        size = self._written.pop(name, None)
-        if size is not None:
-            self._bytes_written -= size
 
 
 def _check_arguments(
