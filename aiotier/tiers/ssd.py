@@ -31,6 +31,7 @@ from typing import Any, Final
 
 from .._types import MAX_KEY_BYTES, LookupResult, normalize_key
 from ..errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
+from ._batches import LastWrites
 from ._ssd.checkpoint import write_checkpoint
 from ._ssd.directory import SlotFiles, open_directory
 from ._ssd.handover import Handover
@@ -369,21 +370,23 @@ class SSDTier(SecondaryTier):
     async def write_many(
         self, items: Sequence[tuple[bytes, bytes | memoryview]]
     ) -> list[Exception | None]:
-        """Write many blocks, one op per thread; failures are returned per item. A batch larger
-        than the tier keeps its last blocks (the earlier ones are evicted by the later)."""
+        """Write many blocks, one op per thread; failures are returned per item. Of several
+        writes of one key only the last is carried out, and the earlier ones report its outcome
+        (``tiers/_batches.py``). A batch larger than the tier keeps its last blocks (the earlier
+        ones are evicted by the later)."""
         runner = self._check_open()
-        out: list[Exception | None] = [None] * len(items)
-        last: dict[bytes, tuple[int, memoryview]] = {}  # a later write of a key supersedes
-        for i, (k, d) in enumerate(items):
+        batch = LastWrites([_key_or_none(k) for k, _ in items])
+        out: list[Exception | None] = [None] * len(batch.kept)  # per kept write
+        last: dict[bytes, tuple[int, memoryview]] = {}
+        for j, (k, d) in enumerate(batch.pick(items)):
             try:
                 key, view = self._check_write(k, d)
             except Exception as exc:
-                out[i] = exc
+                out[j] = exc
                 continue
-            last.pop(key, None)
-            last[key] = (i, view)
+            last[key] = (j, view)
         if not last:
-            return out
+            return batch.spread(out)
         await self._turns.acquire(list(last))
         pending = list(last.items())
         try:
@@ -402,7 +405,7 @@ class SSDTier(SecondaryTier):
         finally:
             for key, _ in pending:  # never planned (cancelled, or no room in time)
                 self._turns.release(key)
-        return out
+        return batch.spread(out)
 
     def _plan_writes(
         self, pending: list[tuple[bytes, tuple[int, memoryview]]], runner: HopRunner
@@ -622,6 +625,14 @@ def _default_io_threads() -> int:
 
 def _as_key(key: object) -> bytes:
     return key if type(key) is bytes else normalize_key(key)
+
+
+def _key_or_none(key: object) -> bytes | None:
+    """The key, or None for one that is no key (its write fails, alone)."""
+    try:
+        return _as_key(key)
+    except Exception:
+        return None
 
 
 def _byte_view(data: bytes | bytearray | memoryview) -> memoryview:

@@ -1108,6 +1108,44 @@ async def test_a_failed_write_reports_the_older_copy_it_dropped_as_gone(
     assert tier.take_evicted_keys() == [b"k"]  # "new" never had a copy: nothing to report
 
 
+async def test_a_key_written_twice_in_a_batch_holds_the_last_write(root: Path) -> None:
+    async with SSDTier(root, MiB, block_size=4096) as t:
+        items = [("k", b"early" * 10), (b"other", b"o"), (b"k", b"last")]
+        assert await t.write_many(items) == [None, None, None]  # type: ignore[arg-type]
+        assert await read(t, b"k") == b"last"
+        assert await read(t, b"other") == b"o"
+        assert t.usage().blocks == 2
+    async with SSDTier(root, MiB, block_size=4096) as t:
+        assert await read(t, b"k") == b"last"
+
+
+async def test_when_the_last_write_of_a_key_fails_every_write_of_it_reports_the_failure(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    doomed = b"the last write of k"
+    real = os.pwritev
+
+    def pwritev(fd: int, bufs: Any, offset: int) -> int:
+        if any(bytes(b) == doomed for b in bufs):
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, bufs, offset)
+
+    monkeypatch.setattr(os, "pwritev", pwritev)
+    async with SSDTier(root, MiB, block_size=4096) as t:
+        await t.write(b"k", b"before the batch")
+        out = await t.write_many([(b"k", b"early"), (b"k", b"middle"), (b"k", doomed)])
+        for error in out:
+            assert isinstance(error, TierUnavailableError)
+            assert isinstance(error.__cause__, OSError) and error.__cause__.errno == errno.EIO
+        assert await read(t, b"k") is None  # neither an earlier write's bytes nor the older copy
+        # a last write refused before it reaches the disk: the earlier ones are not written
+        out = await t.write_many([(b"k", b"early"), (b"k", b"x" * 4097)])
+        assert [type(e) for e in out] == [ValueError, ValueError]
+        assert await read(t, b"k") is None
+    async with SSDTier(root, MiB, block_size=4096) as t:
+        assert await read(t, b"k") is None
+
+
 async def test_fsync_mode_syncs_each_batch_once_per_file_and_survives_restart(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
