@@ -14,10 +14,11 @@ used on its own, or from the directory it reopens. Each slot holds one block; it
 checks that it found the very write of the very key the index points at.
 
 This module is the shell: it asks the sans-IO index (``_ssd/index.py``: which slot to read,
-which to write and what that evicts, which to clear) and performs its plans on the tier's
-threads through the hop runner (``_ssd/hops.py``), all file work in ``aiofiles.os.wrap``-ed
-functions, never on the event loop. A batch is one op per thread (``_ssd/ops.py``), so a
-64-block promotion costs the loop a few list appends per block and a couple of futures.
+which to write and what that evicts, which to clear), through a batch's plan
+(``_ssd/reads.py``, ``_ssd/writes.py``), and performs its plans on the tier's threads through
+the hop runner (``_ssd/hops.py``), all file work in ``aiofiles.os.wrap``-ed functions, never
+on the event loop. A batch is one op per thread (``_ssd/ops.py``), so a 64-block promotion
+costs the loop a few list appends per block and a couple of futures.
 """
 
 from __future__ import annotations
@@ -29,19 +30,19 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, Final
 
-from .._types import MAX_KEY_BYTES, LookupResult, normalize_key
+from .._types import LookupResult, normalize_key
 from ..errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
-from ._batches import LastWrites
 from ._ssd.checkpoint import write_checkpoint
 from ._ssd.directory import SlotFiles, open_directory
 from ._ssd.handover import Handover
 from ._ssd.hops import CANCEL_GRACE, HOP_MAX_BYTES, HOP_MAX_OPS, HopRunner
-from ._ssd.index import SSDIndex
+from ._ssd.index import SSDIndex, WritePlan
 from ._ssd.inspection import SSDInspection, inspect_directory
-from ._ssd.ops import SlotClears, SlotReads, SlotWrites
+from ._ssd.ops import SlotClears, SlotReads, SlotWrites, byte_view
 from ._ssd.reads import ReadBatch
 from ._ssd.startup import SSDStart
 from ._ssd.turns import KeyTurns
+from ._ssd.writes import WriteBatch, writes_ended
 from .base import SecondaryTier, TierUsage
 
 __all__ = ["SSDInspection", "SSDStart", "SSDTier", "inspect_directory"]
@@ -269,7 +270,7 @@ class SSDTier(SecondaryTier):
         if len(keys) != len(bufs):
             raise ValueError(f"{len(keys)} keys but {len(bufs)} buffers")
         keys = [k if type(k) is bytes else _as_key(k) for k in keys]
-        views = [_byte_view(b) for b in bufs]
+        views = [byte_view(b) for b in bufs]
         batch = ReadBatch(
             self._index, keys, views, self._fds, self._per_file, self._slot_size, self.name
         )
@@ -288,7 +289,7 @@ class SSDTier(SecondaryTier):
         for i in batch.missing:
             if keys[i] in self._handover:  # evicted a moment ago, on its way down
                 try:
-                    out[i] = await self._read_in_transit(keys[i], views[i])
+                    out[i] = await self._handover.read_into(keys[i], views[i], self.name)
                 except Exception as exc:
                     out[i] = exc
         return out
@@ -333,34 +334,7 @@ class SSDTier(SecondaryTier):
             return _unavailable(f"ssd tier {self.name!r}: reading block {key[:64]!r}", r)
         return _as_exception(r)
 
-    async def _read_in_transit(self, key: bytes, buf: memoryview) -> int:
-        """A block evicted a moment ago for the tier below: its bytes once read from its slot."""
-        await self._handover.wait(key)
-        data = self._handover.payload(key)
-        if data is None:
-            return -1
-        view = _byte_view(buf)
-        if len(data) > view.nbytes:
-            raise ValueError(
-                f"ssd tier {self.name!r}: block {key[:64]!r} is {len(data)} bytes, buffer "
-                f"holds {view.nbytes}"
-            )
-        view[: len(data)] = data
-        return len(data)
-
     # -- writes --------------------------------------------------------------------------------
-
-    def _check_write(self, key: object, data: bytes | memoryview) -> tuple[bytes, memoryview]:
-        key = _as_key(key)
-        if len(key) > MAX_KEY_BYTES:
-            raise ValueError(f"block key is {len(key)} bytes, more than {MAX_KEY_BYTES}")
-        view = _byte_view(data)
-        if self.block_size is not None and view.nbytes > self.block_size:
-            raise ValueError(
-                f"ssd tier {self.name!r}: block {key[:64]!r} of {view.nbytes} bytes exceeds "
-                f"the tier's block size, {self.block_size}"
-            )
-        return key, view
 
     async def write(self, key: bytes, data: bytes | memoryview) -> None:
         error = (await self.write_many([(key, data)]))[0]
@@ -375,101 +349,63 @@ class SSDTier(SecondaryTier):
         (``tiers/_batches.py``). A batch larger than the tier keeps its last blocks (the earlier
         ones are evicted by the later)."""
         runner = self._check_open()
-        batch = LastWrites([_key_or_none(k) for k, _ in items])
-        out: list[Exception | None] = [None] * len(batch.kept)  # per kept write
-        last: dict[bytes, tuple[int, memoryview]] = {}
-        for j, (k, d) in enumerate(batch.pick(items)):
-            try:
-                key, view = self._check_write(k, d)
-            except Exception as exc:
-                out[j] = exc
-                continue
-            last[key] = (j, view)
-        if not last:
-            return batch.spread(out)
-        await self._turns.acquire(list(last))
-        pending = list(last.items())
+        batch = WriteBatch(items, self.block_size, self.name)
+        if not batch.pending:
+            return batch.outcomes()
+        await self._turns.acquire(batch.pending_keys())
         try:
-            while pending:
+            while batch.pending:
                 # a close that began while this waited (for its keys' turn, for room) has
                 # drained the disk work and is saving the index: nothing more may land
                 runner = self._check_open()
-                ops, pending = self._plan_writes(pending, runner)
+                parts = self._parts(len(batch.pending), runner)
+                ops = [
+                    SlotWrites(self.fsync, self._slot_size, self._writes_done) for _ in range(parts)
+                ]
+                ops = batch.plan(self._index, ops, self._locate, self._planned)
                 if not ops:
                     await self._wait_for_room()
                     continue
-                results = await runner.submit_group(ops, withdrawable=False)
-                for op, res in zip(ops, results, strict=True):
-                    for tag, r in zip(op.tags, res, strict=True):
-                        out[tag[2]] = r
+                batch.settle(ops, await runner.submit_group(ops, withdrawable=False))
         finally:
-            for key, _ in pending:  # never planned (cancelled, or no room in time)
+            for key in batch.pending_keys():  # never planned (cancelled, or no room in time)
                 self._turns.release(key)
-        return batch.spread(out)
+        return batch.outcomes()
 
-    def _plan_writes(
-        self, pending: list[tuple[bytes, tuple[int, memoryview]]], runner: HopRunner
-    ) -> tuple[list[SlotWrites], list[tuple[bytes, tuple[int, memoryview]]]]:
-        """Ops for as many of ``pending`` as there are slots for now; and the rest."""
-        index, handover, locate = self._index, self._handover, self._locate
-        parts = self._parts(len(pending), runner)
-        size = self._slot_size
-        ops = [SlotWrites(self.fsync, size, self._writes_done) for _ in range(parts)]
-        for n, (key, (pos, view)) in enumerate(pending):
-            plan = index.plan_write(key, view.nbytes)
-            if plan is None:
-                rest = pending[n:]
-                break
-            if handover:
-                handover.supersede(key)  # a newer write drops the bytes in transit
-            victim, token, read = plan.victim, None, None
-            if victim is not None:
-                self.evictions += 1
-                if self.handover_evicted:
-                    token = handover.leave(victim.key)
-                    read = (victim.key, victim.seq, victim.length)
-                elif self.report_evicted:
-                    self._evicted_keys.append(victim.key)
-            fd, off = locate(plan.slot)
-            ops[n * parts // len(pending)].add(
-                fd, off, key, plan.seq, view, read, (plan, token, pos)
-            )
-        else:
-            rest = []
-        return [op for op in ops if op.tags], rest
+    def _planned(self, plan: WritePlan) -> object | None:
+        """The tier's part of a planned write: the key's bytes in transit are older, dropped;
+        its victim is counted, then handed over (the token for ``Handover.arrived``, returned)
+        or reported."""
+        handover, victim = self._handover, plan.victim
+        if handover:
+            handover.supersede(plan.key)
+        if victim is None:
+            return None
+        self.evictions += 1
+        if self.handover_evicted:
+            return handover.leave(victim.key)
+        if self.report_evicted:
+            self._evicted_keys.append(victim.key)
+        return None
 
     def _writes_done(self, op: SlotWrites, outcome: Any) -> None:
-        """On the loop, a write op's outcome: the index moves to the new slots (or drops the
-        keys whose write failed), replaced copies are cleared, victims' bytes handed over."""
-        n = len(op.tags)
-        if isinstance(outcome, BaseException):
-            handed: list[bytes | None] = [None] * n
-            errors: list[BaseException | None] = [outcome] * n
-        else:
-            handed, errors = outcome[0], list(outcome[1])
-        index = self._index
-        clear: list[int] = []
-        results: list[Exception | None] = [None] * n
+        """On the loop, a write op's outcome (:func:`~._ssd.writes.writes_ended`): the index
+        moves to the new slots or drops the keys whose write failed, replaced copies are
+        cleared, victims' bytes handed over."""
+        results: list[Exception | None] = [None] * len(op.tags)
         try:
-            for j, (plan, token, _pos) in enumerate(op.tags):
-                if token is not None:
-                    self._handover.arrived(plan.victim.key, token, handed[j])
-                err = errors[j]
-                if err is None:
-                    old = index.write_landed(plan)
-                    if old >= 0:
-                        clear.append(old)
-                else:
-                    clear.extend(index.write_failed(plan))
-                    results[j] = self._write_error(plan.key, err)
-                    if plan.replaces and self.report_evicted and not self.handover_evicted:
-                        self._evicted_keys.append(plan.key)  # its older copy is gone too
+            errors, clear, dropped = writes_ended(op, outcome, self._index, self._handover)
+            for j, err in enumerate(errors):
+                if err is not None:
+                    results[j] = self._write_error(op.keys[j], err)
+            if dropped and self.report_evicted and not self.handover_evicted:
+                self._evicted_keys.extend(dropped)  # their older copies are gone too
             if clear:
                 self._clear(clear)
             self._room.set()
         finally:  # whatever happened, the keys' turns end and the caller gets an answer
-            for plan, _token, _pos in op.tags:
-                self._turns.release(plan.key)
+            for key in op.keys:
+                self._turns.release(key)
             op.settle(results)
 
     def _write_error(self, key: bytes, err: BaseException) -> Exception:
@@ -625,19 +561,3 @@ def _default_io_threads() -> int:
 
 def _as_key(key: object) -> bytes:
     return key if type(key) is bytes else normalize_key(key)
-
-
-def _key_or_none(key: object) -> bytes | None:
-    """The key, or None for one that is no key (its write fails, alone)."""
-    try:
-        return _as_key(key)
-    except Exception:
-        return None
-
-
-def _byte_view(data: bytes | bytearray | memoryview) -> memoryview:
-    view = data if type(data) is memoryview else memoryview(data)
-    if view.format != "B" or view.ndim != 1:
-        view = view.cast("B")
-    return view
-

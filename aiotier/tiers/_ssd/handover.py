@@ -81,6 +81,22 @@ class Handover:
         data = self.handed.get(key)
         return self.taken.get(key) if data is None else data
 
+    async def read_into(self, key: bytes, view: memoryview, tier_name: str) -> int:
+        """The bytes of ``key`` in transit copied into ``view`` (a flat byte view) once its
+        slot was read: their length, or -1 when there are none (dropped, or they did not
+        verify). A ``ValueError`` when ``view`` is too short."""
+        await self.wait(key)
+        data = self.payload(key)
+        if data is None:
+            return -1
+        if len(data) > view.nbytes:
+            raise ValueError(
+                f"ssd tier {tier_name!r}: block {key[:64]!r} is {len(data)} bytes, buffer "
+                f"holds {view.nbytes}"
+            )
+        view[: len(data)] = data
+        return len(data)
+
     def supersede(self, key: bytes) -> bool:
         """Forget the bytes of ``key`` in transit (a newer write or a remove); whether there
         were any."""

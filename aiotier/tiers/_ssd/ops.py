@@ -28,7 +28,7 @@ from .hops import NEEDS_DISK, DiskOp
 from .slot import CLEARED, HEAD_SIZE, check_slot, encode_head
 from .syscalls import NowaitProbe, pwrite_all, read_exact_into, skip_views, yield_cpu
 
-__all__ = ["SlotClears", "SlotOp", "SlotReads", "SlotWrites", "read_slot"]
+__all__ = ["SlotClears", "SlotOp", "SlotReads", "SlotWrites", "byte_view", "read_slot"]
 
 
 #: Cold reads this close together are advised as one range (the bytes between are few).
@@ -81,6 +81,14 @@ def _write_runs(
                 for i in written:
                     errors[i] = exc
     return errors
+
+
+def byte_view(data: bytes | bytearray | memoryview) -> memoryview:
+    """A caller's buffer as the ops take it: a flat view of its bytes."""
+    view = data if type(data) is memoryview else memoryview(data)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
 
 
 def read_slot(fd: int, offset: int, key: bytes, seq: int, length: int) -> bytes | None:
