@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .._types import LookupResult
+from ._batches import LastWrites
 
 __all__ = ["SecondaryTier", "TierUsage"]
 
@@ -191,16 +192,19 @@ class SecondaryTier(ABC):
     async def write_many(
         self, items: Sequence[tuple[bytes, bytes | memoryview]]
     ) -> list[Exception | None]:
-        """:meth:`write` for each pair; a per-key failure is returned in place of ``None``."""
+        """:meth:`write` for each pair; a per-key failure is returned in place of ``None``.
+        Of several writes of one key only the last is carried out, and each reports its
+        outcome."""
+        batch = LastWrites([k if k.__class__ is bytes else None for k, _ in items])
         out: list[Exception | None] = []
-        for k, d in items:
+        for k, d in batch.pick(items):
             try:
                 await self.write(k, d)
             except Exception as exc:
                 out.append(exc)
             else:
                 out.append(None)
-        return out
+        return batch.spread(out)
 
     async def remove_many(self, keys: Sequence[bytes]) -> list[bool | Exception]:
         """:meth:`remove` for each key; a per-key failure is returned in place of its answer."""

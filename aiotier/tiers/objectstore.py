@@ -33,6 +33,7 @@ from typing import Any, Final
 
 from .._types import LookupResult
 from ..errors import BlockCorruptedError, ConfigError, TieringError
+from ._batches import LastWrites
 from ._late_writes import LateWriteGuard
 from ._lookahead import LookAhead
 from ._object_client import ObstoreClient, Refused, ServerBusy, Unreachable
@@ -465,14 +466,8 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
             self._memory.written(name, len(frame))
 
         # the last write of each object, in the batch's order (a bad key is sent: it fails)
-        names = [self._name_or_none(k) for k, _ in items]
-        last = {name: i for i, name in enumerate(names) if name is not None}
-        keep = [i for i, name in enumerate(names) if name is None or last[name] == i]
-        sent = [items[i] for i in keep] if len(keep) < len(items) else items
-        outcomes = await self._requests.each(sent, one)
-        if sent is not items:
-            outcome_of = dict(zip(keep, outcomes, strict=True))
-            outcomes = [outcome_of[i if n is None else last[n]] for i, n in enumerate(names)]
+        batch = LastWrites([self._name_or_none(k) for k, _ in items])
+        outcomes = batch.spread(await self._requests.each(batch.pick(items), one))
         return [o if isinstance(o, Exception) else None for o in outcomes]
 
     async def remove_many(self, keys: Sequence[bytes]) -> list[bool | Exception]:

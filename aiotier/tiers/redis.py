@@ -39,6 +39,7 @@ from ..errors import (
     TieringError,
     TierUnavailableError,
 )
+from ._batches import LastWrites
 from ._late_writes import LateWriteGuard
 from ._outage import GuardedTier, ServerGuard
 from ._redis_late import guarded_write, noting_retry, refuse_late_copies
@@ -551,9 +552,13 @@ class RedisTier(GuardedTier, SecondaryTier):
     async def write_many(
         self, items: Sequence[tuple[bytes, bytes | memoryview]]
     ) -> list[Exception | None]:
-        """All blocks in one non-transactional pipeline of ``SET``."""
+        """All blocks in one non-transactional pipeline of ``SET`` (of several writes of one
+        key only the last is sent; each reports its outcome)."""
         if not items:
             return []
+        batch = LastWrites([k for k, _ in items])
+        if len(batch.kept) < len(items):
+            return batch.spread(await self.write_many(batch.pick(items)))
         rkeys = [self.redis_key(k) for k, _ in items]
         frames = [encode_frame(k, d) for k, d in items]
 

@@ -4,6 +4,7 @@ carried out, and every position reports the outcome of its key's last write."""
 from __future__ import annotations
 
 import pytest
+from helpers import DictTier
 
 from aiotier.tiers._batches import LastWrites
 
@@ -47,3 +48,21 @@ def test_outcomes_must_match_the_kept_writes() -> None:
     batch = LastWrites([b"a", b"a"])
     with pytest.raises(ValueError, match="2 outcomes for 1 kept writes"):
         batch.spread([None, None])
+
+
+class _RefusingTier(DictTier):
+    """A user-written tier (the default ``write_many``) that refuses bytes starting with "bad"."""
+
+    async def write(self, key: bytes, data: bytes | memoryview) -> None:
+        if bytes(data).startswith(b"bad"):
+            raise OSError(f"refused {key!r}")
+        await super().write(key, data)
+
+
+async def test_the_default_write_many_keeps_the_rule() -> None:
+    tier = _RefusingTier("user")
+    assert await tier.write_many([(b"k", b"old"), (b"j", b"1"), (b"k", b"new")]) == [None] * 3
+    assert tier.data == {b"k": b"new", b"j": b"1"}
+    out = await tier.write_many([(b"m", b"fine"), (b"m", b"bad bytes")])
+    assert [type(o) for o in out] == [OSError, OSError] and out[0] is out[1]
+    assert b"m" not in tier.data  # the earlier write was not carried out either

@@ -310,6 +310,18 @@ async def test_64_key_lookup_many_is_one_round_trip(
     assert after.get("evalsha", 0) - before.get("evalsha", 0) == 1
 
 
+async def test_of_two_writes_of_a_key_in_a_batch_only_the_last_is_sent(
+    tier: RedisTier, raw: redis_asyncio.Redis
+) -> None:
+    before = await _commandstats(raw)
+    assert await tier.write_many([(b"k", b"old"), (b"j", b"1"), (b"k", b"new")]) == [None] * 3
+    after = await _commandstats(raw)
+    assert after.get("set", 0) - before.get("set", 0) == 2
+    b = buf(64)
+    assert await tier.read_into(b"k", b) == 3 and bytes(b[:3]) == b"new"
+    assert tier.usage().blocks == 2
+
+
 async def test_remove_many_is_one_round_trip(
     tier: RedisTier, raw: redis_asyncio.Redis, sends: list[int]
 ) -> None:
