@@ -19,7 +19,10 @@ that holds 64 blocks, in steps of 64 puts with the loop free between them, then 
 backlog bound high enough that every evicted block is written (the figure is the bytes that
 reached the tier); floor: the same slot writes done synchronously (header encoded with its
 xxh3, payload then header ``pwritev``-ed into a preallocated file); peer:
-``diskcache.Cache.set``.
+``diskcache.Cache.set``. ``sync_same_work`` does the engine's passes over memory synchronously:
+each put's copy into a 64-slot arena, the victim's copy out (write-back copies it before the
+slot is reused) and the floor's write of that copy; ``sync_without_victim_copy`` skips the copy
+out (the bound of a zero-copy demotion).
 
 ``ssd_open``: ``SSDTier.open()`` over N blocks after a clean close (the checkpoint) and after a
 crash (no checkpoint: the header scan), in µs per block, and the checksum's cost. Rounds
@@ -346,7 +349,8 @@ async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> 
         if diskcache is None
         else diskcache.Cache(dc_dir, size_limit=(rounds + 2) * total * 2)
     )
-    counter = {"aiotier": 0, "floor": 0, "diskcache": 0, "tier": 0}
+    names = ("aiotier", "floor", "diskcache", "tier", "same_work", "no_copy_out")
+    counter = dict.fromkeys(names, 0)
     floor_fd = os.open(floor_path, os.O_RDWR | os.O_CREAT, 0o600)
     os.posix_fallocate(floor_fd, 0, blocks * slot_size)
 
@@ -408,6 +412,33 @@ async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> 
                 os.pwrite(floor_fd, head, i * slot_size)
             return total / (time.perf_counter() - t0) / 1e9
 
+        # The engine's passes over memory, synchronously: each put's copy into a 64-slot arena,
+        # the victim's copy out into a reused buffer (what write-back must do before the slot
+        # is reused), and the floor's write of that copy; and the same without the copy out.
+        arena = memoryview(bytearray(BATCH * block_size))
+        staging = [bytearray(block_size) for _ in range(blocks)]
+
+        def same_work(name: str, *, copy_out: bool) -> float:
+            items = round_items(name)
+            t0 = time.perf_counter()
+            for i, (k, v) in enumerate(items):
+                slot = arena[(i % BATCH) * block_size : (i % BATCH + 1) * block_size]
+                slot[:] = v
+                out: memoryview | bytearray = slot
+                if copy_out:
+                    out = staging[i]
+                    out[:] = slot
+                head = encode_head(k, i + 1, out)
+                os.pwritev(floor_fd, [out], i * slot_size + len(head))
+                os.pwrite(floor_fd, head, i * slot_size)
+            return total / (time.perf_counter() - t0) / 1e9
+
+        async def same_work_round() -> float:
+            return same_work("same_work", copy_out=True)
+
+        async def no_copy_out_round() -> float:
+            return same_work("no_copy_out", copy_out=False)
+
         async def diskcache_round() -> float:
             assert cache is not None
             items = round_items("diskcache")
@@ -420,6 +451,8 @@ async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> 
             "aiotier": aiotier_round,
             "floor": floor_round,
             "tier": tier_round,
+            "same_work": same_work_round,
+            "no_copy_out": no_copy_out_round,
         }
         if cache is not None:
             contenders["diskcache"] = diskcache_round
@@ -446,6 +479,10 @@ async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> 
             extra={
                 "tier_write_many": figures["tier"],
                 "tier_write_many_over_floor": figures["tier"] / figures["floor"],
+                "sync_same_work": figures["same_work"],
+                "sync_same_work_over_floor": figures["same_work"] / figures["floor"],
+                "sync_without_victim_copy": figures["no_copy_out"],
+                "sync_without_victim_copy_over_floor": figures["no_copy_out"] / figures["floor"],
                 "evictions": tier.evictions,
             },
         )
