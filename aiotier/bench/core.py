@@ -621,7 +621,16 @@ async def memory_promote(rounds: int, n_keys: int = 4096) -> list[Case]:
                     "python_calls_per_block": calls[variant][0],
                     "c_calls_per_block": calls[variant][1],
                     "target_ratio_to_floor": 0.25,
-                    **({"core_phases_us_per_batch": phases} if variant == "anonymous" else {}),
+                    **(
+                        {
+                            "core_phases_us_per_batch": phases,
+                            # the batch as measured, less its core calls replayed without awaits
+                            # (their minimum over rounds): tasks, timers, waiters, loop turns
+                            "await_side_us_per_batch": med[variant] * batch - phases["total"],
+                        }
+                        if variant == "anonymous"
+                        else {}
+                    ),
                 },
             )
         )
