@@ -155,6 +155,7 @@ class TieringEngine:
                 "tier_breaker_state": status.breaker_levels,
                 "tier_events": status.tier_events,
             },
+            counts=core.totals.counters,
             health=self.health,
         )
         self._export = StepExport(core, tiers, guard, telemetry)

@@ -2,8 +2,9 @@
 
 Every metric is defined once in :data:`~aiotier._core.metrics.METRICS` (name, kind, unit,
 buckets, labels). The hot path never calls OpenTelemetry: it bumps plain counters in
-:class:`~aiotier._core.stats.StepStats`, and :meth:`Telemetry.flush` turns a step's aggregates
-into one ``add`` per counter and label set and one ``record`` per histogram sample.
+:class:`~aiotier._core.stats.StepStats`. At the step boundary the counts join the engine's
+totals, which observable counters read when metrics are collected (no SDK call per step), and
+:meth:`Telemetry.flush` makes one ``record`` per histogram sample.
 
 :func:`start_prometheus_server` also serves ``/healthz`` and ``/readyz`` for probes: every
 engine created with the provider it returns reports its tiers there (see
@@ -66,21 +67,26 @@ log = logging.getLogger("aiotier.telemetry")
 
 #: An observed metric's values when metrics are collected: (label values, value) pairs.
 GaugeSource = Callable[[], Iterable[tuple[tuple[str, ...], int]]]
+#: An engine's counter totals as of its last step boundary, by (metric key, *labels): plain
+#: data, held by the observers beyond the engine's life (its last counts stay exported).
+Counts = Mapping[tuple[str, ...], int]
 #: An engine's ``health`` method.
 HealthSource = Callable[[], "Mapping[str, TierHealth]"]
 
 # Samples are handed over at the step boundary, where the current span (if any) is the
-# scheduler's, not the request's: an exemplar would point at the wrong trace. An empty context
-# says so, and spares the SDK a context lookup per call.
-_NO_CONTEXT = Context()
+# scheduler's, not the request's: an exemplar would point at the wrong trace. A context with no
+# span says so, and spares the SDK a context lookup per call. It must not be empty: the SDK
+# takes an empty (falsy) context as "none given" and looks the current one up.
+_NO_CONTEXT = Context({"aiotier.step_export": True})
 
 
 class Telemetry:
-    """The engine's instruments on one meter; ``flush`` exports one step's buffers.
+    """The engine's instruments on one meter; ``flush`` exports one step's samples.
 
-    ``gauges`` gives, per gauge row of METRICS, where its per-tier values come from. ``health``
-    is the engine's, reported on ``/readyz`` when the provider serves one (it is held weakly
-    until :meth:`detach`).
+    ``gauges`` gives, per gauge row of METRICS, where its per-tier values come from; ``counts``
+    holds the engine's counter totals (both are read when metrics are collected). ``health`` is the
+    engine's, reported on ``/readyz`` when the provider serves one (it is held weakly until
+    :meth:`detach`).
     """
 
     def __init__(
@@ -88,29 +94,25 @@ class Telemetry:
         meter_provider: MeterProvider | None,
         gauges: Mapping[str, GaugeSource],
         *,
+        counts: Counts | None = None,
         health: HealthSource | None = None,
     ) -> None:
         provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
         from . import __version__
 
         meter = provider.get_meter("aiotier", __version__)
-        SHARED_OBSERVERS.add(self, provider, meter, gauges, global_provider=meter_provider is None)
+        SHARED_OBSERVERS.add(
+            self, provider, meter, gauges, counts, global_provider=meter_provider is None
+        )
         self._instruments: dict[str, Any] = {}
         for m in METRICS:
-            if m.kind is MetricKind.COUNTER:
-                inst: Any = meter.create_counter(
-                    m.otel_name, unit=m.unit, description=m.description
-                )
-            elif m.kind is MetricKind.HISTOGRAM:
-                inst = meter.create_histogram(
+            if m.kind is MetricKind.HISTOGRAM:
+                self._instruments[m.key] = meter.create_histogram(
                     m.otel_name,
                     unit=m.unit,
                     description=m.description,
                     explicit_bucket_boundaries_advisory=list(m.buckets or ()),
-                )
-            else:
-                continue  # observed: SHARED_OBSERVERS reports them
-            self._instruments[m.key] = inst
+                )  # the other kinds are observed: SHARED_OBSERVERS reports them
         self._checks: HealthChecks | None = None
         self._health: HealthSource | None = None
         if health is not None and isinstance(provider, _ServingMeterProvider):
@@ -125,7 +127,7 @@ class Telemetry:
             self._checks = self._health = None
 
     def flush(self, step: StepSnapshot) -> None:
-        """One ``add`` per counter and label set, one ``record`` per sample."""
+        """One ``record`` per sample (the step's counts are in the totals ``counts`` reads)."""
         instruments = self._instruments
         labels = _attributes
         ctx = _NO_CONTEXT
@@ -134,9 +136,6 @@ class Telemetry:
             attrs = labels(key)
             for v in values:
                 record(v, attrs, ctx)
-        for key, n in step.counts.items():
-            if n:
-                instruments[key[0]].add(n, labels(key), ctx)
 
 
 class HealthChecks:
@@ -218,12 +217,14 @@ class SharedObservers:
         provider: MeterProvider,
         meter: Meter,
         sources: Mapping[str, GaugeSource],
+        counts: Counts | None = None,
         *,
         global_provider: bool,
     ) -> None:
-        """``owner`` reports each observed row from its source until :meth:`remove` (or until
-        it is collected). ``global_provider``: ``provider`` is the global one, as found then."""
-        engine = _Registered({key: _weakly(src) for key, src in sources.items()},
+        """``owner`` reports each observed row from its source, and each counter row from
+        ``counts``, until :meth:`remove` (or until it is collected). ``global_provider``:
+        ``provider`` is the global one, as found then."""
+        engine = _Registered({key: _weakly(src) for key, src in sources.items()}, counts,
                              None if global_provider else provider)  # fmt: skip
         with self._lock:
             self._engines[owner] = engine
@@ -245,7 +246,7 @@ class SharedObservers:
         for m in METRICS:
             if m.kind is MetricKind.GAUGE:
                 create: Any = meter.create_observable_gauge
-            elif m.kind is MetricKind.OBSERVED_COUNTER:
+            elif m.kind in _CUMULATIVE:
                 create = meter.create_observable_counter
             else:
                 continue
@@ -264,11 +265,18 @@ class SharedObservers:
                 retired = self._retired.setdefault(group, {})
             except TypeError:  # a provider that cannot be weakly referenced: counts go
                 return
-            for key, value in list(engine.last.items()):  # a collector may be updating it
+            last = dict(engine.last)  # a collector may be updating it
+            if engine.counts is not None:
+                last.update((k, n) for k, n in list(engine.counts.items()) if n)
+            for key, value in last.items():
                 retired[key] = retired.get(key, 0) + value
 
     def _read(self, engine: _Registered, m: MetricDef) -> list[tuple[tuple[str, ...], int]]:
         """``engine``'s values of row ``m`` now (none when its source is gone or fails)."""
+        if m.kind is MetricKind.COUNTER:
+            key = m.key  # the items are copied in one C call: safe beside the loop's updates
+            items = () if engine.counts is None else list(engine.counts.items())
+            return [(k[1:], n) for k, n in items if k[0] == key and n]
         ref = engine.sources.get(m.key)
         source = None if ref is None else ref()
         if source is None:
@@ -290,7 +298,7 @@ class SharedObservers:
         group = _group(None if global_provider else provider)
         with self._lock:
             engines = [e for e in list(self._engines.values()) if _group(e.provider) is group]
-            retired = dict(self._retired.get(group, {})) if m.kind is _OBSERVED else {}
+            retired = dict(self._retired.get(group, {})) if m.kind in _CUMULATIVE else {}
         merged: dict[tuple[str, ...], int] = {}
         for key, value in retired.items():
             if key[0] == m.key:
@@ -307,14 +315,18 @@ class SharedObservers:
 
 
 class _Registered:
-    """One engine's sources, and its observed counters' last values."""
+    """One engine's sources, and its counters' last values."""
 
-    __slots__ = ("gone", "last", "provider", "sources")
+    __slots__ = ("counts", "gone", "last", "provider", "sources")
 
     def __init__(
-        self, sources: dict[str, Callable[[], GaugeSource | None]], provider: MeterProvider | None
+        self,
+        sources: dict[str, Callable[[], GaugeSource | None]],
+        counts: Counts | None,
+        provider: MeterProvider | None,
     ) -> None:
         self.sources = sources
+        self.counts = counts
         self.provider = provider  # None: the global provider, whichever it is at the time
         self.last: dict[tuple[str, ...], int] = {}
         self.gone = False
@@ -332,7 +344,8 @@ def _weakly(source: GaugeSource) -> Callable[[], GaugeSource | None]:
     return lambda: source
 
 
-_OBSERVED = MetricKind.OBSERVED_COUNTER
+#: Rows exported as cumulative counts read when metrics are collected.
+_CUMULATIVE = frozenset((MetricKind.COUNTER, MetricKind.OBSERVED_COUNTER))
 _INSTRUMENTED = "_aiotier_instrumented"
 #: Every engine's observed instruments (see :class:`SharedObservers`).
 SHARED_OBSERVERS = SharedObservers()

@@ -1,10 +1,10 @@
 """Every metric the engine exports, defined once: adding a metric means adding a row here.
 
 The core counts into :class:`~aiotier._core.stats.StepStats` under a row's ``key`` and its label
-values; :mod:`aiotier.telemetry` creates one OpenTelemetry instrument per row and exports the
-buffers at each step boundary; ``EngineStats.counters`` holds the counters' totals under the same
-keys. The OpenTelemetry name and unit of each row are chosen so that the Prometheus exporter shows
-``prometheus``.
+values; :mod:`aiotier.telemetry` creates one OpenTelemetry instrument per row, records each
+step's samples at its boundary and reads the counters' totals (``EngineStats.counters``, under the
+same keys) when metrics are collected. The OpenTelemetry name and unit of each row are chosen
+so that the Prometheus exporter shows ``prometheus``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ __all__ = ["METRICS", "MetricDef", "MetricKind", "metric"]
 
 class MetricKind(enum.StrEnum):
     COUNTER = "counter"
+    """Counted by the core per step; exported as its total, read when metrics are collected."""
     HISTOGRAM = "histogram"
+    """One sample per observation, recorded at the step boundary."""
     GAUGE = "gauge"
     """Read when metrics are collected, not buffered per step."""
     OBSERVED_COUNTER = "observed_counter"

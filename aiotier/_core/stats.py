@@ -2,9 +2,9 @@
 
 Counters are keyed by ``(metric key, *label values)`` and samples likewise, with the keys of
 :data:`~aiotier._core.metrics.METRICS`; so a new metric needs a row there and nothing here. The
-step boundary hands the buffers over with :meth:`StepStats.take`: telemetry turns them into one
-``add`` per counter and label set and one ``record`` per sample, and :class:`TotalStats` keeps
-the counters' totals for ``EngineStats``.
+step boundary hands the buffers over with :meth:`StepStats.take`: telemetry makes one ``record``
+per sample, and :class:`TotalStats` keeps the counters' totals, which ``EngineStats`` and the
+exported (observable) counters read.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from aiotier import BreakerPolicy, MemoryTier, PrimaryTier, TieringEngine
+from aiotier import BreakerPolicy, LookupResult, MemoryTier, PrimaryTier, TieringEngine
 from aiotier.testing import FaultyTier
 
 
@@ -110,6 +110,62 @@ async def test_an_engine_dropped_without_closing_stops_reporting_when_collected(
     assert kept.stats().tiers["kept"].blocks == 0
 
 
+async def test_engine_counters_are_totals_read_at_collection_and_outlive_their_engine(
+    exported: tuple[InMemoryMetricReader, MeterProvider],
+) -> None:
+    """Counters are exported as the engines' totals as of their last step boundary, summed over
+    the engines of a provider; an engine that goes away, closed or not, leaves its counts."""
+    reader, provider = exported
+    closed = on(provider, MemoryTier(1000, name="a"))
+    dropped = on(provider, MemoryTier(1000, name="b"))
+    await closed.open()
+    await dropped.open()
+    for engine in (closed, dropped):
+        assert await engine.lookup(b"absent") is LookupResult.MISS
+        assert await engine.lookup(b"absent") is LookupResult.MISS
+    assert observed(reader, "aiotier.lookups") == {}  # nothing before the step boundary
+    closed.end_step()
+    assert observed(reader, "aiotier.lookups") == {("primary", "miss"): 2, ("a", "miss"): 2}
+    dropped.end_step()
+    both = {("primary", "miss"): 4, ("a", "miss"): 2, ("b", "miss"): 2}
+    assert observed(reader, "aiotier.lookups") == both
+    assert await dropped.lookup(b"absent") is LookupResult.MISS
+    dropped.end_step()  # counted, not collected before the engine goes
+    await closed.aclose()
+    await dropped.aclose(flush=False)
+    del dropped
+    gc.collect()
+    assert observed(reader, "aiotier.lookups") == {
+        ("primary", "miss"): 5, ("a", "miss"): 2, ("b", "miss"): 3,
+    }  # fmt: skip
+
+
+async def test_a_step_boundary_makes_no_sdk_call_for_counters() -> None:
+    """The per-step export costs one ``record`` per histogram sample and nothing per counter."""
+    from aiotier.bench.counting import CountingMeterProvider
+
+    sdk = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    counting = CountingMeterProvider(sdk)
+    try:
+        tier = MemoryTier(1000)
+        await tier.write(b"k", b"v")
+        async with TieringEngine(PrimaryTier(4, 8), [tier], meter_provider=counting) as engine:
+            counting.reset()
+            assert await engine.lookup(b"k") is LookupResult.RETRY
+            await engine.wait([b"k"])
+            assert await engine.lookup(b"absent") is LookupResult.MISS
+            engine.end_step()
+            # two sync delays (anonymous lookups that asked the tier), one async delay, one
+            # promotion read: the lookups, promotion and bytes counters cost no call
+            assert dict(counting.calls) == {
+                "aiotier.lookup_sync_delay": 2,
+                "aiotier.lookup_async_delay": 1,
+                "aiotier.promotion_duration": 1,
+            }
+    finally:
+        sdk.shutdown()
+
+
 _GLOBAL_SET_LATE = """
 import asyncio
 from opentelemetry import metrics
@@ -145,3 +201,32 @@ def test_engines_on_the_global_provider_before_and_after_it_is_set_are_all_repor
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[0] == "['four', 'one', 'primary', 'three', 'two']"
+
+
+async def test_samples_exported_at_a_step_boundary_carry_no_exemplar_of_the_current_span(
+    exported: tuple[InMemoryMetricReader, MeterProvider],
+) -> None:
+    """The step boundary is the scheduler's span, not the request's: no exemplar points at it."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    reader, provider = exported
+    tracer = TracerProvider().get_tracer("test")
+    tier = MemoryTier(1000)
+    await tier.write(b"k", b"v")
+    async with on(provider, tier) as engine:
+        assert await engine.lookup(b"k") is LookupResult.RETRY
+        await engine.wait([b"k"])
+        with tracer.start_as_current_span("scheduler step"):  # sampled: the default sampler
+            engine.end_step()
+    data = reader.get_metrics_data()
+    assert data is not None
+    points = [
+        p
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "aiotier.lookup_sync_delay"
+        for p in m.data.data_points
+    ]
+    assert [p.count for p in points] == [1]
+    assert [list(p.exemplars) for p in points] == [[]]
