@@ -11,10 +11,11 @@ persistent tier. Part of :class:`~aiotier._core.engine_core.EngineCore`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import compress
 from typing import TYPE_CHECKING
 
 from .._types import BlockEvent
-from .table import READY, Evicted
+from .table import READY, Evictions
 from .writeback import remove, write
 
 if TYPE_CHECKING:
@@ -31,30 +32,31 @@ class Demotions:
     def __init__(self, core: EngineCore) -> None:
         self._core = core
 
-    def evicted(self, evicted: list[Evicted]) -> list[bytes]:
-        """Account primary evictions; under write-back copy the bytes out (before the slots are
-        reused) for the first tier, unless it already holds them."""
+    def evicted(self, evicted: Evictions) -> Sequence[bytes]:
+        """Account primary evictions (their keys are returned); under write-back copy the bytes
+        out (before the slots are reused) for the first tier, unless it already holds them."""
         core = self._core
-        if not evicted:
-            return []
-        keys = [k for k, _, _ in evicted]
-        core.stats.counts[("evictions", core.primary_name)] += len(evicted)
+        keys = evicted.keys
+        if not keys:
+            return keys
+        core.stats.counts[("evictions", core.primary_name)] += len(keys)
         core.events.append(BlockEvent(tuple(keys), core.primary_name, True))
         if core.write_policy == "write_back" and core.tier_names:
             # a clean block's bytes are in the first tier already, unless a remove of them
             # is queued there or the tier lost them
-            kept = core.coherence.kept(0, [k for k, _, is_clean in evicted if is_clean])
-            if len(kept) == len(evicted):
+            clean = evicted.clean
+            kept = core.coherence.kept(0, list(compress(keys, clean) if 0 in clean else keys))
+            if len(kept) == len(keys):
                 return keys  # every one is in the first tier already
             demote, staging = core.writes.demote, core.staging
             if staging is None:
                 read = core.arena.read
-                for k, slot, _ in evicted:
+                for k, slot in zip(keys, evicted.slots, strict=True):
                     if k not in kept:
                         demote(0, k, read(slot))
             else:
                 view, stage = core.arena.data_view, staging.copy
-                for k, slot, _ in evicted:
+                for k, slot in zip(keys, evicted.slots, strict=True):
                     if k not in kept:
                         demote(0, k, stage(view(slot)), staged=True)
         return keys

@@ -34,7 +34,7 @@ from .promotion import PromotionBatch, Promotions
 from .requests import RequestBook, RequestState
 from .staging import StagingBuffers
 from .stats import CountKey, StepSnapshot, StepStats, TotalStats
-from .table import PENDING, PROMOTING, READY, BlockTable, Evicted, SlotState
+from .table import NO_EVICTIONS, PENDING, PROMOTING, READY, BlockTable, Evictions, SlotState
 from .writeback import WriteQueues, remove
 
 __all__ = ["EngineCore"]
@@ -86,9 +86,7 @@ class EngineCore:
         self.totals = TotalStats()
         self.events: deque[BlockEvent] = deque(maxlen=MAX_EVENTS)
         self.requests = RequestBook()
-        share = PromotionShare(
-            math.ceil(max_promotion_share * arena.num_blocks), arena.num_blocks
-        )
+        share = PromotionShare(math.ceil(max_promotion_share * arena.num_blocks), table.state)
         self.pins = PinLedger(table, pin_steps, share)
         self.inflight = InflightTable(self.stats)
         self.coherence = Coherence(self.tier_names, hints, self.stats, clock, backoff_seconds)
@@ -220,9 +218,15 @@ class EngineCore:
                 for k in keys:
                     self.inflight.add_holder(k, rs)
 
-    def defer(self, rs: RequestState | None, keys: Iterable[bytes]) -> None:
+    def defer(
+        self,
+        rs: RequestState | None,
+        keys: Iterable[bytes],
+        batches: Sequence[PromotionBatch] = (),
+    ) -> None:
         """Arm the async delay: per request at its first RETRY, per anonymous call until the
-        last of its keys in flight settles."""
+        last of its keys in flight settles (every key of ``batches``, which it just started,
+        settles with its batch)."""
         now = self.clock()
         if rs is not None:
             rs.defer(now)
@@ -232,7 +236,7 @@ class EngineCore:
         flying = [k for k in keys if (s := index.get(k)) is not None and state[s] == PROMOTING]
         if len(flying) < len(keys):  # a pending store's window, or settled meanwhile: ask each
             flying = [k for k in keys if self.in_flight(k) is not None]
-        self.inflight.defer(flying, now)
+        self.inflight.defer(flying, now, batches)
 
     def add_sync_delay(self, rs: RequestState | None, seconds: float) -> None:
         if rs is not None:
@@ -308,7 +312,7 @@ class EngineCore:
             self.saw(list(seen))
         if new:
             new = self._admit(new, protected)
-        got = self.table.allocate(new, PENDING, protected) if new else ([], [])
+        got = self.table.allocate(new, PENDING, protected) if new else ([], NO_EVICTIONS)
         if got is None:
             self.stats.counts[("allocation_failures", "store")] += 1
             return None
@@ -403,7 +407,7 @@ class EngineCore:
         self.demotions.replaced_everywhere(k, slot)
         return True
 
-    def _replace_slot(self, k: bytes, old: int) -> tuple[list[int], list[Evicted]] | None:
+    def _replace_slot(self, k: bytes, old: int) -> tuple[list[int], Evictions] | None:
         """A fresh slot for ``k`` whose current slot is pinned, pending or promoting; the old
         one is forgotten only once the allocation succeeded, so a full arena changes nothing."""
         got = self.table.allocate([k], READY, (old,))

@@ -15,6 +15,7 @@ Every settle goes through :meth:`InflightTable.settle`, so nothing stays RETRY f
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from .requests import RequestState
 from .stats import StepStats
@@ -23,6 +24,14 @@ __all__ = ["Deferral", "InflightTable", "Waiter"]
 
 #: Called once when the key it waits for settles (the engine wraps a future in it).
 Waiter = Callable[[], None]
+
+
+class PromotionBatchLike(Protocol):
+    """What :meth:`InflightTable.defer` needs of a promotion batch (this module must not
+    import the promotion module, which builds on it)."""
+
+    keys: list[bytes]
+    deferrals: list[Deferral]
 
 
 class Deferral:
@@ -60,18 +69,33 @@ class InflightTable:
             if not waiters:
                 del self._waiters[k]
 
-    def defer(self, keys: Iterable[bytes], now: float) -> None:
-        """An anonymous call got RETRY for ``keys`` (all in flight): one deferral for all."""
+    def defer(
+        self, keys: Iterable[bytes], now: float, batches: Sequence[PromotionBatchLike] = ()
+    ) -> None:
+        """An anonymous call got RETRY for ``keys`` (all in flight) and for every key of
+        ``batches`` (promotions it started, each settled as a whole: see
+        :meth:`settle_deferrals`): one deferral for all."""
         keys = list(keys)
-        if keys:
-            d = Deferral(now, len(keys))
-            deferrals = self._deferrals
-            for k in keys:
-                got = deferrals.get(k)
-                if got is None:
-                    deferrals[k] = [d]
-                else:
-                    got.append(d)
+        placed = sum(len(b.keys) for b in batches)
+        if not keys and not placed:
+            return
+        d = Deferral(now, len(keys) + placed)
+        for b in batches:
+            b.deferrals.append(d)
+        deferrals = self._deferrals
+        for k in keys:
+            got = deferrals.get(k)
+            if got is None:
+                deferrals[k] = [d]
+            else:
+                got.append(d)
+
+    def settle_deferrals(self, deferrals: Iterable[Deferral], n: int, now: float) -> None:
+        """A promotion batch of ``n`` keys settled: each deferral that started it counts them."""
+        for d in deferrals:
+            d.remaining -= n
+            if d.remaining == 0:
+                self._stats.observe("async_delay", now - d.start)
 
     def add_holder(self, k: bytes, rs: RequestState) -> None:
         self._holders.setdefault(k, []).append(rs)

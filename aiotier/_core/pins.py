@@ -16,51 +16,66 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 
+from .gather import gather
 from .requests import RequestState
-from .table import BlockTable
+from .table import PROMOTING, BlockTable
 
 __all__ = ["PinLedger", "PromotionShare"]
 
 
 class PromotionShare:
     """Primary slots taken by promoted blocks that no request has loaded yet: a block counts
-    while its read is in flight or a RETRY pin holds it (one count per reason), so promotions
-    for queued requests cannot fill the slots the running requests store into."""
+    while its read is in flight or a RETRY pin holds it, so promotions for queued requests
+    cannot fill the slots the running requests store into.
 
-    __slots__ = ("_count", "_held", "limit")
+    Reads are counted per batch (:meth:`reserve`, :meth:`read_stopped`); RETRY pins per slot.
+    RETRY pins are only taken on slots whose read is in flight (PROMOTING): a slot whose read
+    stopped while RETRY pins still held it counts on its own until the last of them goes.
+    """
 
-    def __init__(self, limit: int, num_slots: int) -> None:
+    __slots__ = ("_held", "_reading", "_retry", "_state", "limit")
+
+    def __init__(self, limit: int, state: bytearray) -> None:
         self.limit = limit
-        self._count = [0] * num_slots  # per slot: how many reasons hold it
-        self._held = 0  # slots with at least one
+        self._state = state  # the table's slot states
+        self._retry = [0] * len(state)  # per slot: RETRY pins on it
+        self._reading = 0  # slots whose promotion read has not stopped
+        self._held = 0  # slots whose read stopped, still held by RETRY pins
 
     def __len__(self) -> int:
-        return self._held
+        return self._reading + self._held
 
     def room(self) -> int:
         """How many more promoted blocks fit."""
-        return max(self.limit - self._held, 0)
+        return max(self.limit - self._reading - self._held, 0)
+
+    def reserve(self, n: int) -> None:
+        """Reads into ``n`` fresh slots start."""
+        self._reading += n
+
+    def read_stopped(self, slots: Sequence[int]) -> None:
+        """The reads into ``slots`` stopped (landed or not): a slot still held by RETRY pins
+        now counts on its own."""
+        self._reading -= len(slots)
+        if slots:
+            self._held += len(slots) - gather(self._retry, slots).count(0)
 
     def take(self, slots: Iterable[int]) -> None:
-        count = self._count
-        fresh = 0
+        """A RETRY pin on each of ``slots`` (all promoting: their reads count them already)."""
+        retry = self._retry
         for slot in slots:
-            n = count[slot]
-            if not n:
-                fresh += 1
-            count[slot] = n + 1
-        self._held += fresh
+            retry[slot] += 1
 
     def give_back(self, slots: Iterable[int]) -> None:
-        """One reason per slot lets go (a slot no reason holds is left as it is)."""
-        count = self._count
+        """A RETRY pin on each of ``slots`` lets go (a slot with none is left as it is)."""
+        retry, state = self._retry, self._state
         gone = 0
         for slot in slots:
-            n = count[slot]
-            if n == 1:
-                gone += 1
+            n = retry[slot]
             if n:
-                count[slot] = n - 1
+                retry[slot] = n - 1
+                if n == 1 and state[slot] != PROMOTING:
+                    gone += 1
         self._held -= gone
 
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
 from .._types import LookupResult
+from .inflight import Deferral
 from .requests import RequestState
 from .table import PROMOTING, READY
 
@@ -47,10 +48,11 @@ class PromotionBatch:
 
     ``holders`` are the requests whose lookup started it and that hold RETRY pins on its
     blocks (requests that join a promotion later are registered per key, in the in-flight
-    table).
+    table). ``deferrals`` are the anonymous lookups that started it: each counts every key of
+    the batch as settled when the batch is (keys they joined elsewhere count one by one).
     """
 
-    __slots__ = ("holders", "keys", "slots", "started", "tier")
+    __slots__ = ("deferrals", "holders", "keys", "slots", "started", "tier")
 
     def __init__(self, tier: int, keys: list[bytes], slots: list[int], started: float) -> None:
         self.tier = tier
@@ -58,6 +60,7 @@ class PromotionBatch:
         self.slots = slots
         self.started = started
         self.holders: list[RequestState] = []
+        self.deferrals: list[Deferral] = []
 
 
 class LookupScan:
@@ -262,11 +265,17 @@ class Promotions:
         if scan.rs is not None:
             if _RETRY in results:
                 core.defer(scan.rs, ())
-        else:
+        elif _RETRY in results:
+            # keys of the batches just started count as settled with their batch; the others
+            # (joined promotions, pending stores, a tier's own RETRY) one by one
+            placed = sum(len(b.keys) for b in batches)
             retry = scan.retry_keys
-            retry += [keys[i] for i in scan.need if results[i] is _RETRY]
-            if retry:
-                core.defer(None, retry)
+            if placed + len(retry) < results.count(_RETRY):
+                started = {k for b in batches for k in b.keys}
+                retry += [
+                    k for i in scan.need if results[i] is _RETRY and (k := keys[i]) not in started
+                ]
+            core.defer(None, retry, batches)
         return batches
 
     def place(self, scan: LookupScan) -> list[PromotionBatch]:
@@ -304,7 +313,7 @@ class Promotions:
         del keys[placed:]
         core.demotions.evicted(evicted)
         table.pin_many(slots)  # each read's own pin: the slot stays reserved until it stops
-        share.take(slots)
+        share.reserve(placed)
         batch = PromotionBatch(ti, keys, slots, core.clock())
         if scan.hold:
             core.hold(rs, keys, slots, batch)
@@ -400,6 +409,8 @@ class Promotions:
             if batch in self.in_flight:
                 self.in_flight.discard(batch)
                 held += self._settle(batch, outcome, part, now)
+                if batch.deferrals:
+                    core.inflight.settle_deferrals(batch.deferrals, n, now)
         if read_stopped:
             self.release_read_pins(held)
             return []
@@ -470,7 +481,7 @@ class Promotions:
         name = core.tier_names[batch.tier]
         core.arena.set_lengths(slots, lengths)
         core.table.promoted(slots, clean=batch.tier == 0)
-        core.pins.share.give_back(slots)  # the read is done; RETRY pins may still hold them
+        core.pins.share.read_stopped(slots)  # RETRY pins may still hold them
         core.inflight.settle_many(keys, now)
         core.inflight.promoting -= len(slots)
         counts = core.stats.counts
@@ -482,7 +493,7 @@ class Promotions:
         unpin = self._core.table.unpin
         for slot in slots:
             unpin(slot)
-        self._core.pins.share.give_back(slots)
+        self._core.pins.share.read_stopped(slots)
 
     def _failed(self, batch: PromotionBatch, k: bytes, slot: int, now: float) -> None:
         """Turn the key into a MISS now, and back off from reading it from that tier."""

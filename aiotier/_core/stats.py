@@ -62,22 +62,27 @@ class StepStats:
     def peek_counts(self) -> Counter[CountKey]:
         """The counters so far, the primary's lookups included, without resetting anything."""
         out = Counter(self.counts)
-        for result, n in (
-            ("hit", self.primary_hit),
-            ("miss", self.primary_miss),
-            ("retry", self.primary_retry),
-        ):
-            if n:
-                out[("lookups", self._primary, result)] += n
+        self._fold_primary(out)
         return out
 
     def take(self) -> StepSnapshot:
         """The buffers of this step; the buffers start empty again."""
-        snap = StepSnapshot(self.peek_counts(), self.samples)
+        counts = self.counts
+        self._fold_primary(counts)
+        snap = StepSnapshot(counts, self.samples)
         self.primary_hit = self.primary_miss = self.primary_retry = 0
         self.counts = Counter()
         self.samples = {}
         return snap
+
+    def _fold_primary(self, counts: Counter[CountKey]) -> None:
+        primary = self._primary
+        if self.primary_hit:
+            counts[("lookups", primary, "hit")] += self.primary_hit
+        if self.primary_miss:
+            counts[("lookups", primary, "miss")] += self.primary_miss
+        if self.primary_retry:
+            counts[("lookups", primary, "retry")] += self.primary_retry
 
 
 class TotalStats:

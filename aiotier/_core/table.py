@@ -14,12 +14,23 @@ from __future__ import annotations
 
 import enum
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Final
 
 from .gather import gather
 from .policy import EvictionPolicy
 
-__all__ = ["FREE", "ORPHAN", "PENDING", "PROMOTING", "READY", "BlockTable", "SlotState"]
+__all__ = [
+    "FREE",
+    "NO_EVICTIONS",
+    "ORPHAN",
+    "PENDING",
+    "PROMOTING",
+    "READY",
+    "BlockTable",
+    "Evictions",
+    "SlotState",
+]
 
 
 class SlotState(enum.IntEnum):
@@ -42,8 +53,29 @@ PROMOTING = SlotState.PROMOTING
 READY = SlotState.READY
 ORPHAN = SlotState.ORPHAN
 
-#: What ``allocate`` hands a victim's owner: its key, its slot and whether its bytes were clean.
-Evicted = tuple[bytes, int, bool]
+class Evictions:
+    """The victims of one allocation, as parallel sequences: their keys, their slots and whether
+    each one's bytes were clean (1) or not (0). The bytes are still in the arena until the new
+    owners write: copy them before awaiting."""
+
+    __slots__ = ("clean", "keys", "slots")
+
+    def __init__(
+        self, keys: Sequence[bytes], slots: Sequence[int], clean: Sequence[int]
+    ) -> None:
+        self.keys = keys
+        self.slots = slots
+        self.clean = clean
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def __iter__(self) -> Iterator[tuple[bytes, int, bool]]:
+        """Each victim as ``(key, slot, clean)``."""
+        return zip(self.keys, self.slots, map(bool, self.clean), strict=True)
+
+
+NO_EVICTIONS: Final = Evictions((), (), ())
 
 
 class BlockTable:
@@ -105,25 +137,25 @@ class BlockTable:
 
     def allocate(
         self, keys: list[bytes], state: SlotState, protected: Iterable[int] = ()
-    ) -> tuple[list[int], list[Evicted]] | None:
+    ) -> tuple[list[int], Evictions] | None:
         """Give each key a slot in ``state``, evicting by policy. A key present in the index is
         pointed at its new slot (the caller then detaches the old one: a replacement).
 
-        Returns ``(slots, evicted)`` where ``evicted`` lists ``(key, slot, clean)`` of the victims
-        (their bytes are still in the arena until the new owner writes: copy them before
-        awaiting), or ``None`` with nothing changed when not enough unpinned blocks exist.
+        Returns ``(slots, evicted)`` where ``evicted`` names the victims (their bytes are still
+        in the arena until the new owner writes: copy them before awaiting), or ``None`` with
+        nothing changed when not enough unpinned blocks exist.
         """
         n = len(keys)
         free, index, owners, states = self.free, self.index, self.keys, self.state
         clean = self._clean
         need = n - len(free)
-        evicted: list[Evicted] = []
+        evicted = NO_EVICTIONS
         if need > 0:
             victims = self.policy.evict(need, self._evictable_except(protected))
             if victims is None:
                 return None
             gone = gather(owners, victims)
-            evicted = list(zip(gone, victims, map(bool, gather(clean, victims)), strict=True))
+            evicted = Evictions(gone, victims, gather(clean, victims))
             for k in gone:
                 del index[k]
             free += victims  # each victim is reused below: it is never seen free
@@ -155,7 +187,7 @@ class BlockTable:
 
     def allocate_prefix(
         self, keys: list[bytes], state: SlotState, protected: Iterable[int] = ()
-    ) -> tuple[list[int], list[Evicted]]:
+    ) -> tuple[list[int], Evictions]:
         """:meth:`allocate` for the longest leading run of ``keys`` that fits (maybe none)."""
         got = self.allocate(keys, state, protected)
         if got is None:

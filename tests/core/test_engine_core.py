@@ -196,6 +196,34 @@ def test_an_anonymous_deferral_is_observed_once_when_its_last_key_settles() -> N
     assert h.core.stats.samples[("async_delay",)] == [pytest.approx(0.25)]
 
 
+def test_an_anonymous_deferral_over_its_own_batch_and_a_joined_key_waits_for_both() -> None:
+    h = Harness()
+    _, (first,) = h.lookup([b"a"], [HIT], req_id="r1")  # someone else's promotion of a
+    results, (own,) = h.lookup([b"a", b"b", b"c"], [HIT, HIT])  # joins a, starts b and c
+    assert results == [RETRY, RETRY, RETRY] and own.keys == [b"b", b"c"]
+    h.clock.t += 0.25
+    h.core.promotions.completed([own], Outcome.OK, [1, 1])
+    assert ("async_delay",) not in h.core.stats.samples  # a is still on its way
+    h.clock.t += 0.5
+    h.core.promotions.completed([first], Outcome.OK, [1])
+    assert h.core.stats.samples[("async_delay",)] == [pytest.approx(0.75)]
+
+
+def test_the_promotion_share_counts_reads_in_flight_and_landed_blocks_retry_pins_hold() -> None:
+    h = Harness(num_blocks=8)
+    share = h.core.pins.share
+    _, (batch,) = h.lookup([b"a", b"b"], [HIT, HIT], req_id="r1")
+    h.lookup([b"a"], [HIT], req_id="r2")  # a second RETRY pin on a
+    assert len(share) == 2  # two reads in flight, whatever pins they carry
+    h.core.promotions.completed([batch], Outcome.OK, [1, 1])
+    assert len(share) == 2  # landed, not loaded: the RETRY pins hold both
+    h.core.prepare_load([b"a", b"b"], "r1")
+    h.core.complete_load([b"a", b"b"], "r1")  # r1 loaded both: its RETRY pins go
+    assert len(share) == 1  # r2 still holds a
+    h.core.end_step(new=(), finished=("r2",))
+    assert len(share) == 0 and h.core.table.pinned() == 0
+
+
 def test_a_request_is_observed_at_the_step_that_admits_it() -> None:
     h = Harness()
     _, (batch,) = h.lookup([b"k"], [HIT], req_id="r1")

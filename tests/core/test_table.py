@@ -29,8 +29,8 @@ def test_allocate_uses_free_slots_then_evicts_lru() -> None:
     got = t.allocate([b"d"], READY)
     assert got is not None
     slots, evicted = got
-    assert [k for k, _, _ in evicted] == [b"b"]
-    assert t.index[b"d"] == slots[0] == evicted[0][1]
+    assert list(evicted) == [(b"b", slots[0], False)]  # (key, slot, clean)
+    assert t.index[b"d"] == slots[0] == evicted.slots[0]
     assert b"b" not in t.index
 
 
@@ -43,7 +43,7 @@ def test_allocate_is_all_or_nothing_and_respects_pins_and_protection() -> None:
     assert (dict(t.index), t.policy.order()) == before
     got = t.allocate([b"x"], READY, protected=[b])
     assert got is not None
-    assert got[1][0][0] == b"c"
+    assert list(got[1].keys) == [b"c"]
 
 
 def test_pending_and_promoting_blocks_are_never_evicted() -> None:
