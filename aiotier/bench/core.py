@@ -26,6 +26,7 @@ from .. import (
     RequestContext,
     TieringEngine,
 )
+from .bare import BareEngine
 from .common import Case, Measure, alternate, note_missing
 from .counting import CallCounter, CountingMeterProvider
 from .phases import promotion_phases
@@ -513,6 +514,9 @@ async def memory_promote(rounds: int, n_keys: int = 4096) -> list[Case]:
 
     Floor, in the same run: the bare work per block, a ``dict.get`` of the bytes, a 4 KiB copy
     into a preallocated buffer (``memoryview`` slice assignment), a ``dict`` set of the index.
+    ``bare_protocol``: the anonymous variant's calls made by
+    :class:`~aiotier.bench.bare.BareEngine` (only the state any engine of the SPEC must keep,
+    over the same kind of tier): what a Python engine can reach on this loop and machine.
     ``python_calls_per_block`` counts the interpreter's profile events over one more round of
     each variant (:class:`~aiotier.bench.counting.CallCounter`): noise-free, unlike the time.
     """
@@ -531,6 +535,23 @@ async def memory_promote(rounds: int, n_keys: int = 4096) -> list[Case]:
         await engine.open()
         engines[variant] = engine
     serial = itertools.count()
+    bare_tier = MemoryTier(2 * n_keys * bs)
+    for k, v in zip(keys, values, strict=True):
+        await bare_tier.write(k, v)
+    bare = BareEngine(PROMOTE_PRIMARY, bs, bare_tier)
+
+    async def bare_round() -> float:
+        before = bare.totals[_PROMOTED_OK]
+        lookup_prefix, wait, end_step = bare.lookup_prefix, bare.wait, bare.end_step
+        t = _now()
+        for b in batches:
+            await lookup_prefix(b)
+            await wait(b)
+            end_step()
+        elapsed = _now() - t
+        if bare.totals[_PROMOTED_OK] - before != n_keys:
+            raise RuntimeError("memory_promote: the bare protocol did not promote every key")
+        return elapsed / n_keys * 1e6
 
     async def promote_round(engine: TieringEngine, with_request: bool) -> float:
         before = engine.stats().counters.get(_PROMOTED_OK, 0)
@@ -583,7 +604,8 @@ async def memory_promote(rounds: int, n_keys: int = 4096) -> list[Case]:
 
     try:
         med = await alternate(
-            {"floor": floor, "request": with_request, "anonymous": anonymous}, rounds
+            {"floor": floor, "request": with_request, "anonymous": anonymous, "bare": bare_round},
+            rounds,
         )
         calls: dict[str, tuple[float, float]] = {}
         for variant, fn in (("request", with_request), ("anonymous", anonymous)):
@@ -621,6 +643,9 @@ async def memory_promote(rounds: int, n_keys: int = 4096) -> list[Case]:
                     "python_calls_per_block": calls[variant][0],
                     "c_calls_per_block": calls[variant][1],
                     "target_ratio_to_floor": 0.25,
+                    "bare_protocol_us_per_block": med["bare"],
+                    "bare_protocol_ratio_to_floor": med["floor"] / med["bare"],
+                    "ratio_to_bare_protocol": med["bare"] / med[variant],
                     **(
                         {
                             "core_phases_us_per_batch": phases,
