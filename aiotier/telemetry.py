@@ -101,7 +101,7 @@ class Telemetry:
         from . import __version__
 
         meter = provider.get_meter("aiotier", __version__)
-        SHARED_OBSERVERS.add(
+        self._registered = SHARED_OBSERVERS.add(
             self, provider, meter, gauges, counts, global_provider=meter_provider is None
         )
         self._instruments: dict[str, Any] = {}
@@ -121,7 +121,7 @@ class Telemetry:
 
     def detach(self) -> None:
         """The engine closed: its gauges and ``/readyz`` stop reporting it."""
-        SHARED_OBSERVERS.remove(self)
+        SHARED_OBSERVERS.remove(self._registered)
         if self._checks is not None and self._health is not None:
             self._checks.remove(self._health)
             self._checks = self._health = None
@@ -203,9 +203,10 @@ class SharedObservers:
         # engines come and go on loops, readers collect in threads; reentrant: an engine
         # collected while this thread holds the lock leaves through a finalizer that takes it
         self._lock = threading.RLock()
-        self._engines: weakref.WeakKeyDictionary[object, _Registered] = (
-            weakref.WeakKeyDictionary()
-        )
+        # every engine not retired yet, held here (not its engine, which it references weakly)
+        # so that one being collected is reported until its finalizer retires it: a collection
+        # finds each engine's counts either here or in the retired counts, never in neither
+        self._engines: set[_Registered] = set()
         # per provider: the last counts of engines that left, by (metric key, labels)
         self._retired: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], int]] = (
             weakref.WeakKeyDictionary()
@@ -220,27 +221,38 @@ class SharedObservers:
         counts: Counts | None = None,
         *,
         global_provider: bool,
-    ) -> None:
+    ) -> _Registered:
         """``owner`` reports each observed row from its source, and each counter row from
-        ``counts``, until :meth:`remove` (or until it is collected). ``global_provider``:
-        ``provider`` is the global one, as found then."""
+        ``counts``, until :meth:`remove` of the registration returned (or until ``owner`` is
+        collected). ``global_provider``: ``provider`` is the global one, as found then."""
         engine = _Registered({key: _weakly(src) for key, src in sources.items()}, counts,
                              None if global_provider else provider)  # fmt: skip
         with self._lock:
-            self._engines[owner] = engine
-            if getattr(provider, _INSTRUMENTED, False) is not True:
+            self._engines.add(engine)
+            first = getattr(provider, _INSTRUMENTED, False) is not True
+            if first:
+                with contextlib.suppress(AttributeError):  # a provider that takes no attribute
+                    setattr(provider, _INSTRUMENTED, True)  # gets instruments per engine
+        if first:
+            # Not under the lock: the SDK registers an instrument under its own lock, which a
+            # collection holds while it runs the callbacks, which take this one.
+            try:
                 self._instrument(provider, meter, global_provider=global_provider)
+            except BaseException:
+                with self._lock, contextlib.suppress(AttributeError):
+                    setattr(provider, _INSTRUMENTED, False)
+                self._retire(engine)
+                raise
         weakref.finalize(owner, self._retire, engine)
+        return engine
 
-    def remove(self, owner: object) -> None:
-        """``owner`` closed: its gauges stop, its last counts stay in the counters."""
-        with self._lock:
-            engine = self._engines.pop(owner, None)
-        if engine is not None:
-            for m in METRICS:
-                if m.kind is MetricKind.OBSERVED_COUNTER:
-                    self._read(engine, m)  # the counts as of the close
-            self._retire(engine)
+    def remove(self, engine: _Registered) -> None:
+        """The engine closed: its gauges stop, its last counts stay in the counters (the tiers'
+        read while it is still registered, then all moved to the retired counts at once)."""
+        for m in METRICS:
+            if m.kind is MetricKind.OBSERVED_COUNTER:
+                self._read(engine, m)  # the counts as of the close
+        self._retire(engine)
 
     def _instrument(self, provider: MeterProvider, meter: Meter, *, global_provider: bool) -> None:
         for m in METRICS:
@@ -252,14 +264,13 @@ class SharedObservers:
                 continue
             observe = functools.partial(self._observe, m, provider, global_provider)
             create(m.otel_name, callbacks=[observe], unit=m.unit, description=m.description)
-        with contextlib.suppress(AttributeError):  # a provider that takes no attribute gets
-            setattr(provider, _INSTRUMENTED, True)  # instruments per engine (the SDK's first win)
 
     def _retire(self, engine: _Registered) -> None:
         with self._lock:
             if engine.gone:
                 return
             engine.gone = True
+            self._engines.discard(engine)
             group = _group(engine.provider)
             try:
                 retired = self._retired.setdefault(group, {})
@@ -297,7 +308,7 @@ class SharedObservers:
     ) -> list[Observation]:  # fmt: skip
         group = _group(None if global_provider else provider)
         with self._lock:
-            engines = [e for e in list(self._engines.values()) if _group(e.provider) is group]
+            engines = [e for e in self._engines if _group(e.provider) is group]
             retired = dict(self._retired.get(group, {})) if m.kind in _CUMULATIVE else {}
         merged: dict[tuple[str, ...], int] = {}
         for key, value in retired.items():

@@ -419,7 +419,7 @@ class EngineCore:
         """Drop the primary's block for ``k``: in-flight readers and loaders keep their pins."""
         st = self.table.state[slot]
         if st == PROMOTING:
-            self.pins.drop_retry_pins(k, slot, self.promotions.holders(k, slot))
+            self.promotions.superseded(k, slot)
         elif st == PENDING:
             self.inflight.store_deadline.pop(slot, None)
         self.table.detach(slot)

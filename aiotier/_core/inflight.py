@@ -91,7 +91,9 @@ class InflightTable:
                 got.append(d)
 
     def settle_deferrals(self, deferrals: Iterable[Deferral], n: int, now: float) -> None:
-        """A promotion batch of ``n`` keys settled: each deferral that started it counts them."""
+        """``n`` keys of a promotion batch settled: each deferral that started it counts them."""
+        if not n:
+            return
         for d in deferrals:
             d.remaining -= n
             if d.remaining == 0:

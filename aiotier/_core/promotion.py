@@ -48,11 +48,12 @@ class PromotionBatch:
 
     ``holders`` are the requests whose lookup started it and that hold RETRY pins on its
     blocks (requests that join a promotion later are registered per key, in the in-flight
-    table). ``deferrals`` are the anonymous lookups that started it: each counts every key of
-    the batch as settled when the batch is (keys they joined elsewhere count one by one).
+    table). ``deferrals`` are the anonymous lookups that started it: each counts the keys of the
+    batch as settled when the batch is, but for the ``settled`` ones a put or delete superseded
+    earlier (keys they joined elsewhere count one by one).
     """
 
-    __slots__ = ("deferrals", "holders", "keys", "slots", "started", "tier")
+    __slots__ = ("deferrals", "holders", "keys", "settled", "slots", "started", "tier")
 
     def __init__(self, tier: int, keys: list[bytes], slots: list[int], started: float) -> None:
         self.tier = tier
@@ -61,6 +62,7 @@ class PromotionBatch:
         self.started = started
         self.holders: list[RequestState] = []
         self.deferrals: list[Deferral] = []
+        self.settled = 0
 
 
 class LookupScan:
@@ -364,14 +366,19 @@ class Promotions:
             where.append(i)
         return keys, where
 
-    def holders(self, k: bytes, slot: int) -> list[RequestState]:
-        """The requests that may hold a RETRY pin on the promotion of ``k`` into ``slot``."""
-        out = list(self._core.inflight.holders(k))
-        for batch in self.in_flight:
-            if batch.holders and slot in batch.slots:
-                out.extend(batch.holders)
-                break
-        return out
+    def superseded(self, k: bytes, slot: int) -> None:
+        """A put, delete or clear replaced ``k`` while its read into ``slot`` is in flight: the
+        key is settled now, so its holders' RETRY pins go and the deferrals of its batch count
+        it (the read's end settles only the rest of the batch)."""
+        core = self._core
+        holders = list(core.inflight.holders(k))
+        batch = next((b for b in self.in_flight if slot in b.slots), None)
+        if batch is not None:
+            holders += batch.holders
+            if batch.deferrals:
+                batch.settled += 1
+                core.inflight.settle_deferrals(batch.deferrals, 1, core.clock())
+        core.pins.drop_retry_pins(k, slot, holders)
 
     # -- the read's end --------------------------------------------------------------------------
 
@@ -410,7 +417,7 @@ class Promotions:
                 self.in_flight.discard(batch)
                 held += self._settle(batch, outcome, part, now)
                 if batch.deferrals:
-                    core.inflight.settle_deferrals(batch.deferrals, n, now)
+                    core.inflight.settle_deferrals(batch.deferrals, n - batch.settled, now)
         if read_stopped:
             self.release_read_pins(held)
             return []

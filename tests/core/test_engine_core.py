@@ -209,6 +209,16 @@ def test_an_anonymous_deferral_over_its_own_batch_and_a_joined_key_waits_for_bot
     assert h.core.stats.samples[("async_delay",)] == [pytest.approx(0.75)]
 
 
+def test_an_anonymous_deferral_ends_when_a_put_supersedes_the_key_it_waits_for() -> None:
+    h = Harness()
+    _, (batch,) = h.lookup([b"k"], [HIT])
+    h.clock.t += 0.01
+    assert h.core.put(b"k", b"new")  # k answers HIT from now on
+    h.clock.t += 4.99
+    h.core.promotions.completed([batch], Outcome.TIMEOUT, read_stopped=False)  # the moot read
+    assert h.core.stats.samples[("async_delay",)] == [pytest.approx(0.01)]  # once, at the put
+
+
 def test_the_promotion_share_counts_reads_in_flight_and_landed_blocks_retry_pins_hold() -> None:
     h = Harness(num_blocks=8)
     share = h.core.pins.share

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -230,3 +231,78 @@ async def test_samples_exported_at_a_step_boundary_carry_no_exemplar_of_the_curr
     ]
     assert [p.count for p in points] == [1]
     assert [list(p.exemplars) for p in points] == [[]]
+
+
+async def test_a_collection_while_an_engine_closes_still_sees_its_counts(
+    exported: tuple[InMemoryMetricReader, MeterProvider],
+) -> None:
+    """Closing hands an engine's counts over to the retired ones at once: a scrape in between
+    (here from the tier's ``counters()``, read at the close) sees no dip in a shared series."""
+    reader, provider = exported
+    seen: list[dict[tuple[str, ...], float]] = []
+
+    class ScrapedAtClose(MemoryTier):
+        closing = False
+
+        def counters(self) -> dict[str, int]:
+            if self.closing:
+                self.closing = False
+                scrape = lambda: seen.append(observed(reader, "aiotier.lookups"))  # noqa: E731
+                t = threading.Thread(target=scrape)
+                t.start()
+                t.join(10)
+            return {}
+
+    tier = ScrapedAtClose(1000, name="a")
+    a, b = on(provider, tier), on(provider, MemoryTier(1000, name="b"))
+    async with b:
+        await a.open()
+        for engine in (a, a, a, b, b):
+            assert await engine.lookup(b"x") is LookupResult.MISS
+        a.end_step()
+        b.end_step()
+        totals = {("primary", "miss"): 5, ("a", "miss"): 3, ("b", "miss"): 2}
+        assert observed(reader, "aiotier.lookups") == totals
+        tier.closing = True
+        await a.aclose()
+        assert seen == [totals]
+        assert observed(reader, "aiotier.lookups") == totals
+
+
+_COLLECTED_WHILE_CREATED = """
+import threading
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics._internal import measurement_consumer
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from aiotier import MemoryTier, PrimaryTier, TieringEngine
+
+consumer = measurement_consumer.SynchronousMeasurementConsumer
+register = consumer.register_asynchronous_instrument
+reader = InMemoryMetricReader()
+provider = MeterProvider(metric_readers=[reader])
+collections = []
+
+def register_then_collect(self, instrument):
+    register(self, instrument)
+    if not collections:  # a scrape arrives right after the first aiotier instrument
+        t = threading.Thread(target=reader.get_metrics_data, daemon=True)
+        collections.append(t)
+        t.start()
+        t.join(5)
+
+consumer.register_asynchronous_instrument = register_then_collect
+TieringEngine(PrimaryTier(4, 8), [MemoryTier(1000)], meter_provider=provider)
+print("collected" if collections and not collections[0].is_alive() else "still collecting")
+"""
+
+
+def test_creating_an_engine_while_metrics_are_collected_does_not_deadlock() -> None:
+    """Instruments are created outside the observers' lock: a collection holds the SDK's lock
+    while it runs the callbacks, which take the observers' lock (in a subprocess: the failure
+    this guards against is a hang)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _COLLECTED_WHILE_CREATED], capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "collected"
