@@ -67,9 +67,6 @@ class Evictions:
         self.slots = slots
         self.clean = clean
 
-    def __len__(self) -> int:
-        return len(self.slots)
-
     def __iter__(self) -> Iterator[tuple[bytes, int, bool]]:
         """Each victim as ``(key, slot, clean)``."""
         return zip(self.keys, self.slots, map(bool, self.clean), strict=True)

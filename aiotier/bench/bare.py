@@ -30,7 +30,7 @@ from .. import LookupResult, MemoryTier
 
 __all__ = ["BareEngine"]
 
-_FREE, _PROMOTING, _READY = 0, 2, 3
+_PROMOTING, _READY = 2, 3
 _TIMEOUT = 5.0
 _now = time.perf_counter
 _T = TypeVar("_T")
