@@ -206,6 +206,13 @@ class HoldingRelay:
                 w.close()
             if pump is not None:
                 pump.cancel()
+            # each socket is closed a loop turn after its transport: wait for that here, or a
+            # loop that stops first leaves it to the garbage collector (a ResourceWarning)
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(
+                    asyncio.gather(*(w.wait_closed() for w in writers), return_exceptions=True),
+                    5,
+                )
 
     async def release(self) -> None:
         """Deliver what was kept back, each on a new connection, and wait for the answers."""

@@ -175,6 +175,7 @@ class RespReaderPool:
         if db:
             self._handshake.append(pack_command(b"SELECT", str(db).encode()))
         self._idle: list[_MgetProtocol] = []
+        self._open: set[_MgetProtocol] = set()  # every connection not closed yet
         self._max_idle = max_idle
         # Bounds this tier's raw connections (a fleet must stay under the server's maxclients);
         # callers beyond it wait, within their own timeout.
@@ -189,6 +190,8 @@ class RespReaderPool:
             _t, proto = await loop.create_connection(
                 _MgetProtocol, self._host or "localhost", self._port
             )
+        self._open.add(proto)
+        proto.closed.add_done_callback(lambda _: self._open.discard(proto))
         try:
             if self._handshake:
                 replies = await proto.simple(b"".join(self._handshake), len(self._handshake))
@@ -265,10 +268,22 @@ class RespReaderPool:
                 proto.abort()
 
     def close(self) -> None:
+        """Drop the idle connections (ones in use are dropped when their reply ends)."""
         idle, self._idle = self._idle, []
         for proto in idle:
             with contextlib.suppress(Exception):
                 proto.abort()
+
+    async def aclose(self, timeout: float) -> None:
+        """Drop every connection and wait (at most ``timeout``) until each socket is closed: an
+        aborted transport closes its socket a loop turn later, which a loop about to stop may
+        never run."""
+        self.close()
+        for proto in list(self._open):
+            with contextlib.suppress(Exception):
+                proto.abort()
+        if self._open:
+            await asyncio.wait([p.closed for p in self._open], timeout=timeout)
 
 
 class RespServerError(Exception):

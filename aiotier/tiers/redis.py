@@ -262,7 +262,7 @@ class RedisTier(GuardedTier, SecondaryTier):
         await self._guard.aclose()
         fast, self._fast = self._fast, None
         if fast is not None:
-            fast.close()
+            await fast.aclose(self.timeout)
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):
