@@ -268,7 +268,7 @@ class RespReaderPool:
                 proto.abort()
 
     def close(self) -> None:
-        """Drop the idle connections (ones in use are dropped when their reply ends)."""
+        """Drop the idle connections (ones in use come back to the pool after their reply)."""
         idle, self._idle = self._idle, []
         for proto in idle:
             with contextlib.suppress(Exception):
@@ -278,8 +278,8 @@ class RespReaderPool:
         """Drop every connection and wait (at most ``timeout``) until each socket is closed: an
         aborted transport closes its socket a loop turn later, which a loop about to stop may
         never run."""
-        self.close()
-        for proto in list(self._open):
+        self._idle = []
+        for proto in list(self._open):  # the idle ones among them
             with contextlib.suppress(Exception):
                 proto.abort()
         if self._open:
