@@ -4,5 +4,6 @@ Each submodule imports nothing from the system it adapts: it defines small stand
 system's types (same names, same fields) and lets callers hand in the real ones, so aiotier
 installs and tests without the other system being present.
 
-- :mod:`aiotier.integrations.vllm`: vLLM's ``OffloadingManager`` over a ``BlockingEngine``.
+- :mod:`aiotier.integrations.vllm`: vLLM's ``OffloadingManager`` over a ``BlockingEngine``, and the
+  offloading spec vLLM loads by name.
 """
