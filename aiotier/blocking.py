@@ -43,10 +43,14 @@ _T = TypeVar("_T")
 _HIT = LookupResult.HIT
 
 
+#: The running loop of the calling thread, or None: a C call, cheap enough for the hit paths.
+_running_loop = asyncio._get_running_loop
+
+
 def _refuse_inside_a_loop(what: str) -> None:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
+    """Every call that may wait refuses a running loop, hit or miss: code that only hits in
+    tests must not start blocking its loop in production."""
+    if _running_loop() is None:
         return
     raise RuntimeError(
         f"BlockingEngine.{what} was called from a running event loop, which it would block: "
@@ -149,7 +153,7 @@ class BlockingEngine:
         exclude_tier: SecondaryTier | str | None = None,
     ) -> LookupResult:
         """:meth:`TieringEngine.lookup`; a primary hit answers in the caller's thread."""
-        if exclude_tier is None and self._hit_now(key, req):
+        if exclude_tier is None and _running_loop() is None and self._hit_now(key, req):
             return _HIT
         return self._call(self.engine.lookup, key, req, exclude_tier=exclude_tier)
 
@@ -157,7 +161,7 @@ class BlockingEngine:
         self, keys: Sequence[bytes | str], req: RequestContext | None = None
     ) -> int | None:
         """:meth:`TieringEngine.lookup_prefix`; all-hit prefixes answer in the caller's thread."""
-        if not isinstance(keys, str | bytes):
+        if _running_loop() is None and not isinstance(keys, str | bytes):
             keys = keys if keys.__class__ in (list, tuple) else list(keys)
             n = self.engine._now.prefix_hits(keys, req)
             if n is not None:
@@ -215,9 +219,10 @@ class BlockingEngine:
 
     def get(self, key: bytes | str, req: RequestContext | None = None) -> bytes | None:
         """:meth:`TieringEngine.get`; a resident block is copied in the caller's thread."""
-        data = self.engine._now.cached(key, req)
-        if data is not None:
-            return data
+        if _running_loop() is None:
+            data = self.engine._now.cached(key, req)
+            if data is not None:
+                return data
         return self._call(self.engine.get, key, req)
 
     def put(self, key: bytes | str, data: bytes | bytearray | memoryview) -> bool:

@@ -28,6 +28,7 @@ from ._engine.breakers import Breakers
 from ._engine.cache import CacheCalls
 from ._engine.clearing import check_clearable, clear_everything
 from ._engine.lifecycle import open_tiers, release_shared_memory, write_down_and_close
+from ._engine.loading import Flights, Loader, call_loader
 from ._engine.options import WritePolicy, build_core, engine_options
 from ._engine.reads import TierReads
 from ._engine.status import EngineStats, EngineStatus, TierHealth
@@ -169,6 +170,7 @@ class TieringEngine:
         # primary-hit fast paths check (with sightings to count, hits take the slow path)
         self._fast = False
 
+        self._flights = Flights()
         self._closing: asyncio.Task[None] | None = None
         self._opened = False
         #: the answers other threads get without a hop to the loop (``BlockingEngine``)
@@ -234,6 +236,8 @@ class TieringEngine:
         self._writers.start()
         if self.step_interval is not None:
             self._export.start_ticker(self.step_interval, self.end_step)
+        else:
+            self._export.start_idle_export()
 
     async def aclose(self, *, flush: bool = True) -> None:
         """Cancel promotions, write down primary-only blocks (``write_back``), close the tiers.
@@ -258,6 +262,7 @@ class TieringEngine:
 
     async def _close(self, flush: bool) -> None:
         core, lock = self._core, self._guard.lock
+        await asyncio.gather(*self._flights.cancel(), return_exceptions=True)
         await self._export.ticker_stopped()
         await self._reads.cancel(self.io_timeout)
         with lock:
@@ -465,6 +470,37 @@ class TieringEngine:
         finally:
             self._export.flush_if_full()
 
+    async def get_or_load(self, key: bytes | str, loader: Loader) -> bytes:
+        """The block's bytes as ``get`` finds them; on a miss everywhere, ``await loader()``,
+        stored as by ``put`` and returned.
+
+        Single flight: concurrent callers of a key that misses the primary share one look
+        through the tiers and at most one call of ``loader`` (the first caller's). A loader
+        exception reaches every caller waiting on that call and stores nothing; the next call
+        tries again. A caller cancelled while waiting does not cancel the load for the others.
+        The value is returned even when the primary has no room to keep it. ``loader`` must be
+        an async callable returning bytes-like (``TypeError`` otherwise); a value over the
+        block size raises ``ValueError``, as ``put`` does.
+        """
+        k = normalize_key(key)
+        if not callable(loader):
+            raise TypeError(f"get_or_load: loader must be an async callable, got {loader!r}")
+        data = self._now.cached(k, None)  # a primary hit starts no task
+        if data is not None:
+            return data
+        with self._guard.lock:
+            self._check_open()
+        self._guard.check_loop()
+        return await self._flights.join(k, lambda: self._load(k, loader))
+
+    async def _load(self, k: bytes, loader: Loader) -> bytes:
+        """One flight of ``get_or_load``: the tiers, then the loader."""
+        data = await self.get(k)
+        if data is None:
+            data = await call_loader(loader)
+            self._put(k, data)
+        return data
+
     async def put(self, key: bytes | str, data: bytes | bytearray | memoryview) -> bool:
         """Store ``data`` in the primary, replacing the key everywhere; False when no room."""
         self._guard.check_loop()
@@ -536,7 +572,7 @@ class TieringEngine:
         finished = str_ids("finished_req_ids", finished_req_ids)
         with self._guard.lock:
             self._core.end_step(new, finished)
-        self._export.flush()
+        self._export.stepped()
 
     # ------------------------------------------------------------------ introspection
 

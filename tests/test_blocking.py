@@ -320,3 +320,35 @@ def test_an_engine_never_closed_is_closed_at_exit_and_its_blocks_written_down(
         [sys.executable, "-c", _READ_BACK, where], capture_output=True, text=True, timeout=60
     )
     assert back.stdout.strip() == "b'kept'", back.stderr
+
+
+def test_inside_a_running_loop_every_waiting_call_is_refused_hit_or_miss() -> None:
+    """Code that only hits in tests must fail there too: a stored key and a missing one get the
+    same error from a running loop (here a loop in another thread, as a web server's)."""
+    e = BlockingEngine(PrimaryTier(4, 8))
+    try:
+        assert e.put("stored", b"v")
+        calls: dict[str, Callable[[], object]] = {
+            "get hit": lambda: e.get("stored"),
+            "get miss": lambda: e.get("missing"),
+            "lookup hit": lambda: e.lookup("stored"),
+            "lookup miss": lambda: e.lookup("missing"),
+            "prefix hit": lambda: e.lookup_prefix(["stored"]),
+            "prefix miss": lambda: e.lookup_prefix(["missing"]),
+        }
+        errors: dict[str, str] = {}
+
+        async def in_a_loop() -> None:
+            for name, call in calls.items():
+                try:
+                    call()
+                except RuntimeError as exc:
+                    errors[name] = str(exc).split(" was called")[1]
+
+        asyncio.run(in_a_loop())
+        assert set(errors) == set(calls)
+        assert len(set(errors.values())) == 1  # one error, whatever the answer would have been
+        assert "running event loop" in next(iter(errors.values()))
+        assert e.get("stored") == b"v"  # outside a loop the hit path answers as before
+    finally:
+        e.close()

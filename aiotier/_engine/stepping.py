@@ -12,17 +12,20 @@ from ..telemetry import Telemetry
 from ..tiers.base import SecondaryTier
 from .threads import Guard
 
-__all__ = ["MAX_BUFFERED_SAMPLES", "StepExport"]
+__all__ = ["IDLE_EXPORT_INTERVAL", "MAX_BUFFERED_SAMPLES", "StepExport"]
 
 #: Samples buffered before they are exported without waiting for ``end_step``.
 MAX_BUFFERED_SAMPLES: Final = 100_000
+#: Seconds between exports of an engine that no scheduler steps (no ``step_interval``, no
+#: ``end_step`` call yet): a cache-only service's counters and delays move without settings.
+IDLE_EXPORT_INTERVAL: Final = 1.0
 
 
 class StepExport:
     """Exports the core's step buffers through ``telemetry``: at each ``end_step``, early when
     nobody calls it and samples pile up, and on a timer (``step_interval``)."""
 
-    __slots__ = ("_core", "_guard", "_ticker", "_tiers", "telemetry")
+    __slots__ = ("_core", "_guard", "_stepped", "_ticker", "_tiers", "telemetry")
 
     def __init__(
         self,
@@ -36,12 +39,18 @@ class StepExport:
         self._guard = guard
         self.telemetry = telemetry
         self._ticker: asyncio.Task[None] | None = None
+        self._stepped = False
 
     def flush(self) -> None:
         """Hand the buffers of the step so far to the instruments."""
         with self._guard.lock:
             snap = self._core.take_step([t.evictions for t in self._tiers])
         self.telemetry.flush(snap)  # the SDK takes its own locks: not under the engine's
+
+    def stepped(self) -> None:
+        """``end_step`` was called: export the step (a scheduler drives the exports from now)."""
+        self._stepped = True
+        self.flush()
 
     def flush_if_full(self) -> None:
         """Keep the sample buffers bounded when no scheduler calls ``end_step``."""
@@ -53,6 +62,18 @@ class StepExport:
         self._ticker = asyncio.get_running_loop().create_task(
             _tick(interval, end_step), name="aiotier-step"
         )
+
+    def start_idle_export(self) -> None:
+        """Export every ``IDLE_EXPORT_INTERVAL`` seconds until the first ``end_step``."""
+        self._ticker = asyncio.get_running_loop().create_task(
+            self._export_while_idle(), name="aiotier-export"
+        )
+
+    async def _export_while_idle(self) -> None:
+        while not self._stepped:
+            await asyncio.sleep(IDLE_EXPORT_INTERVAL)
+            if not self._stepped:
+                self.flush()
 
     def stop_ticker(self) -> None:
         if self._ticker is not None:
