@@ -6,7 +6,9 @@ blocks found below the primary are promoted by background tasks; metrics are buf
 and exported through OpenTelemetry.
 """
 
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 try:
     __version__ = version("aiotier")
@@ -24,6 +26,7 @@ from ._types import (
     StoreSpec,
 )
 from .blocking import BlockingEngine
+from .caching import BYTES, JSON, TEXT, Codec, cached
 from .engine import EngineStats, TierHealth, TieringEngine
 from .errors import (
     BlockCorruptedError,
@@ -41,6 +44,9 @@ from .tiers.redis import RedisTier  # redis-py is imported only when a RedisTier
 from .tiers.ssd import SSDTier
 
 __all__ = [
+    "BYTES",
+    "JSON",
+    "TEXT",
     "AdmissionPolicy",
     "AdmitAfter",
     "AdmitAll",
@@ -50,11 +56,13 @@ __all__ = [
     "BlockNotReadyError",
     "BlockingEngine",
     "BreakerPolicy",
+    "Codec",
     "ConfigError",
     "EngineStats",
     "LoadSpec",
     "LookupResult",
     "MemoryTier",
+    "MetricsApp",
     "ObjectStoreTier",
     "PrepareStoreOutput",
     "PrimaryTier",
@@ -70,4 +78,12 @@ __all__ = [
     "TieringEngine",
     "TieringError",
     "__version__",
+    "cached",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``MetricsApp`` is imported on first use: it brings the Prometheus client along."""
+    if name == "MetricsApp":
+        return import_module("aiotier.web").MetricsApp
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,11 +1,15 @@
-"""An async web service that caches expensive blobs behind aiotier and exposes /metrics.
+"""A Starlette service that caches expensive results in aiotier, with its metrics on its own port.
 
-A plain ASGI app (no framework): ``GET /blob/<name>`` returns a blob that takes a while to
-compute, served from the tiers when it was computed before; ``GET /metrics`` is the Prometheus
-text of the engine's metrics. The engine runs its step boundary on a 1 s timer.
+- ``GET /blob/<name>``: bytes that take a while to compute, through ``engine.get_or_load``:
+  concurrent requests for a name that is not cached compute it once (single flight);
+  ``x-cache`` says whether this request computed it.
+- ``GET /report/<name>``: a JSON document from a function decorated with ``aiotier.cached``
+  (values that are not bytes go through a codec; nothing is pickled).
+- ``GET /ops/metrics``, ``/ops/healthz``, ``/ops/readyz``: ``aiotier.MetricsApp`` mounted on the
+  same port. No scheduler calls ``end_step`` here: the engine exports its metrics every second.
 
-Run it:  pip install uvicorn && python examples/web_service.py --port 8000
-         curl -i http://127.0.0.1:8000/blob/hello ; curl http://127.0.0.1:8000/metrics
+Run it:  pip install aiotier starlette uvicorn && python examples/web_service.py --port 8000
+         curl -i http://127.0.0.1:8000/blob/hello ; curl http://127.0.0.1:8000/ops/metrics
 """
 
 from __future__ import annotations
@@ -15,19 +19,18 @@ import asyncio
 import hashlib
 import os
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.sdk.metrics import MeterProvider
-from prometheus_client import CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Mount, Route
 
-from aiotier import MemoryTier, PrimaryTier, SSDTier, TieringEngine
+from aiotier import JSON, MemoryTier, MetricsApp, PrimaryTier, SSDTier, TieringEngine, cached
 
 BLOCK = 64 * 1024
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 async def compute_blob(name: str) -> bytes:
@@ -37,65 +40,49 @@ async def compute_blob(name: str) -> bytes:
     return (seed * (BLOCK // len(seed)))[: BLOCK // 2]
 
 
-class App:
-    def __init__(self, cache_dir: str) -> None:
-        self.registry = CollectorRegistry()
-        reader = PrometheusMetricReader(registry=self.registry)
-        self.provider = MeterProvider(metric_readers=[reader])
-        self.engine = TieringEngine(
-            PrimaryTier(64, BLOCK),
-            [MemoryTier(16 << 20), SSDTier(cache_dir, 256 << 20)],
-            meter_provider=self.provider,
-            step_interval=1.0,
-        )
+def create_app(cache_dir: str) -> Starlette:
+    metrics = MetricsApp()
+    engine = TieringEngine(
+        PrimaryTier(64, BLOCK),
+        [MemoryTier(16 << 20), SSDTier(cache_dir, 256 << 20)],
+        meter_provider=metrics.meter_provider,
+    )
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await self.lifespan(receive, send)
-        elif scope["type"] == "http":
-            await self.http(scope, send)
+    @cached(engine, codec=JSON)
+    async def report(name: str) -> dict[str, Any]:
+        await asyncio.sleep(0.05)  # a slow query
+        return {"name": name, "digest": hashlib.sha256(name.encode()).hexdigest()}
 
-    async def lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await self.engine.open()
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.engine.aclose()
-                self.provider.shutdown()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+    async def blob_route(request: Request) -> Response:
+        name = request.path_params["name"]
+        computed = False
 
-    async def http(self, scope: Scope, send: Send) -> None:
-        path: str = scope["path"]
-        if path == "/metrics":
-            body = await asyncio.to_thread(generate_latest, self.registry)
-            await respond(send, 200, body, b"text/plain; version=0.0.4")
-        elif path.startswith("/blob/") and len(path) > len("/blob/"):
-            name = path[len("/blob/") :]
-            data = await self.engine.get(name)
-            state = b"hit"
-            if data is None:
-                data = await compute_blob(name)
-                await self.engine.put(name, data)
-                state = b"miss"
-            await respond(send, 200, data, b"application/octet-stream", [(b"x-cache", state)])
-        else:
-            await respond(send, 404, b"not found\n", b"text/plain")
+        async def load() -> bytes:
+            nonlocal computed
+            computed = True
+            return await compute_blob(name)
 
+        data = await engine.get_or_load(name, load)
+        headers = {"x-cache": "miss" if computed else "hit"}
+        return Response(data, media_type="application/octet-stream", headers=headers)
 
-async def respond(
-    send: Send,
-    status: int,
-    body: bytes,
-    ctype: bytes,
-    extra: list[tuple[bytes, bytes]] | None = None,
-) -> None:
-    headers = [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]
-    headers += extra or []
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    async def report_route(request: Request) -> Response:
+        return JSONResponse(await report(request.path_params["name"]))
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with engine:  # opens the tiers; at shutdown writes the primary down to the SSD
+            yield
+        metrics.meter_provider.shutdown()
+
+    return Starlette(
+        routes=[
+            Route("/blob/{name}", blob_route),
+            Route("/report/{name}", report_route),
+            Mount("/ops", app=metrics),
+        ],
+        lifespan=lifespan,
+    )
 
 
 def main() -> None:
@@ -105,7 +92,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "aiotier-web"))
     args = ap.parse_args()
-    uvicorn.run(App(args.cache_dir), host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.run(create_app(args.cache_dir), host="127.0.0.1", port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

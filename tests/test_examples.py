@@ -94,7 +94,7 @@ def test_web_service_over_real_http(tmp_path: Path) -> None:
         deadline = time.monotonic() + 30
         while True:
             try:
-                _get(f"{base}/metrics")
+                _get(f"{base}/ops/healthz")
                 break
             except OSError:
                 if time.monotonic() > deadline or proc.poll() is not None:
@@ -105,8 +105,13 @@ def test_web_service_over_real_http(tmp_path: Path) -> None:
         status, headers, again = _get(f"{base}/blob/hello")
         assert headers["x-cache"] == "hit" and again == first
         deadline = time.monotonic() + 10
-        while True:  # the engine's 1 s step timer exports the counts
-            _, _, metrics = _get(f"{base}/metrics")
+        status, headers, doc = _get(f"{base}/report/hello")
+        assert status == 200 and headers["content-type"] == "application/json"
+        assert b'"name":"hello"' in doc
+        status, _, ready = _get(f"{base}/ops/readyz")
+        assert status == 200 and b'"ready": true' in ready
+        while True:  # an engine no scheduler steps exports its counts every second
+            _, _, metrics = _get(f"{base}/ops/metrics")
             if b'aiotier_lookups_total{' in metrics or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
@@ -122,3 +127,33 @@ def test_web_service_over_real_http(tmp_path: Path) -> None:
     assert proc.returncode in (0, -signal.SIGINT), log.read_text()
     # the SSD tier kept what the engine wrote down at shutdown
     assert any(p.is_file() for p in (tmp_path / "cache").rglob("*"))
+
+
+async def test_web_service_in_process_through_an_asgi_client(tmp_path: Path) -> None:
+    """The example's app through httpx's in-process ASGI transport: single flight on a stampede,
+    the cached JSON route, and the mounted probes."""
+    import asyncio
+    import importlib.util
+
+    import httpx
+
+    spec = importlib.util.spec_from_file_location("web_service", ROOT / "examples/web_service.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    app = module.create_app(str(tmp_path / "cache"))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+            replies = await asyncio.gather(*(client.get("/blob/stampede") for _ in range(20)))
+            assert {r.status_code for r in replies} == {200}
+            assert [r.headers["x-cache"] for r in replies].count("miss") == 1
+            assert len({r.content for r in replies}) == 1
+            first = await client.get("/report/x")
+            again = await client.get("/report/x")
+            assert first.json() == again.json() and first.json()["name"] == "x"
+            assert (await client.get("/ops/healthz")).json() == {"status": "ok"}
+            ready = await client.get("/ops/readyz")
+            assert ready.status_code == 200 and ready.json()["ready"] is True
+            assert (await client.post("/ops/metrics")).status_code == 405
+            assert (await client.get("/ops/nothing")).status_code == 404
