@@ -198,6 +198,7 @@ def _selected_cases(args: argparse.Namespace) -> set[str]:
 def _bench(args: argparse.Namespace) -> int:
     from . import __version__
     from .bench import CASE_GROUPS, core, ssd
+    from .bench import cache as cache_bench
     from .bench import objectstore as object_bench
     from .bench import redis as redis_bench
     from .bench.common import Case
@@ -220,6 +221,10 @@ def _bench(args: argparse.Namespace) -> int:
         if "object_promote" in wanted:
             print("running object_promote...", file=sys.stderr)
             cases += await object_bench.run_local(args.quick)
+        cache_cases = tuple(n for n in CASE_GROUPS["cache"] if n in wanted)
+        if cache_cases:
+            print(f"running {', '.join(cache_cases)}...", file=sys.stderr)
+            cases += await cache_bench.run(args.quick, cache_cases)
         return cases
 
     cases = asyncio.run(suite())
@@ -362,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--quick", action="store_true", help="a small version, under a minute")
     bench.add_argument("--json", metavar="FILE")
     bench.add_argument("--plot", metavar="FILE.png")
-    bench.add_argument("--only", help="comma-separated groups: core,ssd,redis,s3")
+    bench.add_argument("--only", help="comma-separated groups: core,ssd,redis,s3,cache")
     bench.add_argument(
         "--case", action="append", choices=CASE_NAMES, metavar="NAME",
         help=f"run only this case (repeatable; with --only, both sets): {', '.join(CASE_NAMES)}",

@@ -482,12 +482,12 @@ class TieringEngine:
         an async callable returning bytes-like (``TypeError`` otherwise); a value over the
         block size raises ``ValueError``, as ``put`` does.
         """
-        k = normalize_key(key)
         if not callable(loader):
             raise TypeError(f"get_or_load: loader must be an async callable, got {loader!r}")
-        data = self._now.cached(k, None)  # a primary hit starts no task
+        data = self._now.cached(key, None)  # a primary hit starts no task
         if data is not None:
             return data
+        k = normalize_key(key)
         with self._guard.lock:
             self._check_open()
         self._guard.check_loop()

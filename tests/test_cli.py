@@ -77,7 +77,7 @@ def test_bench_quick_writes_every_case(tmp_path: Path) -> None:
     names = {c["name"] for c in doc["cases"]}
     assert {"lookup_hit", "lookup_prefix", "scale", "memory", "memory_promote",
             "metrics_overhead", "ssd_promote", "ssd_demote", "redis_promote",
-            "object_promote", "loop_lag"} <= names  # fmt: skip
+            "object_promote", "loop_lag", "cache_hit", "cache_stampede"} <= names  # fmt: skip
     for c in doc["cases"]:
         assert c["unit"] and isinstance(c["higher_is_better"], bool)
         if not c.get("skipped"):
@@ -94,10 +94,11 @@ def test_bench_quick_writes_every_case(tmp_path: Path) -> None:
 
 
 def test_bench_case_names_match_the_suite() -> None:
-    from aiotier.bench import CASE_GROUPS, core, ssd
+    from aiotier.bench import CASE_GROUPS, cache, core, ssd
 
     assert tuple(core.CASES) == CASE_GROUPS["core"]
     assert tuple(ssd.CASES) == CASE_GROUPS["ssd"]
+    assert CASE_GROUPS["cache"] == cache.CASE_NAMES
 
 
 def test_bench_runs_chosen_cases_without_the_bench_extra(tmp_path: Path) -> None:

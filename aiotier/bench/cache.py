@@ -1,0 +1,171 @@
+"""The ``cache`` case: ``get_or_load`` as a web service uses it, beside aiocache's and cashews'
+in-memory caches in the same run.
+
+- ``cache_hit``: hits of 4 KiB values. aiotier copies the value out of its arena; the peers hand
+  back the object they hold. The peer figure is the faster of the two peers' own get-or-compute
+  on a hit (aiocache ``SimpleMemoryCache.get``, cashews ``get_or_set``).
+- ``cache_stampede``: 1,000 concurrent misses of one key whose loader takes 10 ms: how many
+  times each library runs the loader (aiotier's single flight; aiocache's ``cached`` and
+  ``cached_stampede`` decorators; cashews' ``get_or_set`` and its ``cache(lock=True)``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..engine import TieringEngine
+from ..tiers.primary import PrimaryTier
+from .common import Case, Measure, alternate, note_missing
+
+__all__ = ["CASE_NAMES", "run"]
+
+CASE_NAMES = ("cache_hit", "cache_stampede")
+_VALUE = bytes(range(256)) * 16  # 4 KiB
+_KEYS = 1024
+_now = time.perf_counter
+
+
+async def cache_hit(ops: int, rounds: int) -> Case:
+    keys = [f"user:{i}" for i in range(_KEYS)]
+    sample = [keys[(i * 7919) % _KEYS] for i in range(ops)]
+    engine = TieringEngine(PrimaryTier(_KEYS, len(_VALUE)))
+    await engine.open()
+
+    async def load() -> bytes:
+        return _VALUE
+
+    for k in keys:
+        await engine.get_or_load(k, load)
+    table = dict.fromkeys(keys, _VALUE)
+
+    async def coro_get(k: str) -> bytes | None:
+        return table.get(k)
+
+    async def floor() -> float:
+        t = _now()
+        for k in sample:
+            await coro_get(k)
+        return (_now() - t) / ops * 1e6
+
+    async def ours() -> float:
+        get_or_load = engine.get_or_load
+        t = _now()
+        for k in sample:
+            await get_or_load(k, load)
+        return (_now() - t) / ops * 1e6
+
+    fns: dict[str, Callable[[], Awaitable[float]]] = {"floor": floor, "aiotier": ours}
+    peers: dict[str, str] = {}
+    peer_sample = sample[: max(ops // 10, 100)]
+    try:
+        from aiocache import SimpleMemoryCache
+    except ImportError:
+        note_missing("aiocache", "cache_hit runs without its aiocache peer")
+    else:
+        aio = SimpleMemoryCache()
+        for k in keys:
+            await aio.set(k, _VALUE)
+
+        async def aiocache_get() -> float:
+            t = _now()
+            for k in peer_sample:
+                await aio.get(k)
+            return (_now() - t) / len(peer_sample) * 1e6
+
+        fns["aiocache"] = aiocache_get
+        peers["aiocache"] = "aiocache SimpleMemoryCache.get"
+    try:
+        from cashews import Cache
+    except ImportError:
+        note_missing("cashews", "cache_hit runs without its cashews peer")
+    else:
+        cashews = Cache()
+        cashews.setup("mem://")
+        for k in keys:
+            await cashews.set(k, _VALUE)
+
+        async def cashews_get_or_set() -> float:
+            t = _now()
+            for k in peer_sample:
+                await cashews.get_or_set(k, load)
+            return (_now() - t) / len(peer_sample) * 1e6
+
+        fns["cashews"] = cashews_get_or_set
+        peers["cashews"] = "cashews mem:// get_or_set"
+    med = await alternate(fns, rounds)
+    await engine.aclose(flush=False)
+    best = min(peers, key=lambda p: med[p]) if peers else None
+    return Case(
+        "cache_hit",
+        {"value_bytes": len(_VALUE), "keys": _KEYS, "ops": ops},
+        "us/op",
+        False,
+        med["aiotier"],
+        floor=Measure("await coroutine doing dict.get", med["floor"]),
+        peer=Measure(peers[best], med[best]) if best is not None else None,
+        extra={f"{p}_us": med[p] for p in peers},
+    )
+
+
+async def _stampede(get: Callable[[], Awaitable[Any]], callers: int) -> None:
+    await asyncio.gather(*(get() for _ in range(callers)))
+
+
+async def cache_stampede(callers: int = 1000) -> Case:
+    calls: dict[str, int] = {}
+
+    def loader_for(name: str) -> Callable[[], Awaitable[bytes]]:
+        calls[name] = 0
+
+        async def load() -> bytes:
+            calls[name] += 1
+            await asyncio.sleep(0.01)
+            return _VALUE
+
+        return load
+
+    async with TieringEngine(PrimaryTier(16, len(_VALUE))) as engine:
+        load = loader_for("aiotier")
+        await _stampede(lambda: engine.get_or_load("hot", load), callers)
+    try:
+        from aiocache import cached, cached_stampede
+    except ImportError:
+        note_missing("aiocache", "cache_stampede runs without its aiocache peers")
+    else:
+        await _stampede(cached(ttl=60)(loader_for("aiocache cached")), callers)
+        await _stampede(cached_stampede(lease=2, ttl=60)(loader_for("aiocache cached_stampede")),
+                        callers)  # fmt: skip
+    try:
+        from cashews import Cache
+    except ImportError:
+        note_missing("cashews", "cache_stampede runs without its cashews peers")
+    else:
+        cashews = Cache()
+        cashews.setup("mem://")
+        plain = loader_for("cashews get_or_set")
+        await _stampede(lambda: cashews.get_or_set("hot", plain, expire=60), callers)
+        await _stampede(cashews(ttl=60, key="hot-locked", lock=True)(
+            loader_for("cashews cache(lock=True)")), callers)  # fmt: skip
+    peers = {k: v for k, v in calls.items() if k != "aiotier"}
+    best = min(peers, key=lambda p: peers[p]) if peers else None
+    return Case(
+        "cache_stampede",
+        {"callers": callers, "loader_seconds": 0.01},
+        "loader calls",
+        False,
+        calls["aiotier"],
+        peer=Measure(best, peers[best]) if best is not None else None,
+        extra={"loader_calls": calls},
+    )
+
+
+async def run(quick: bool, cases: tuple[str, ...] = CASE_NAMES) -> list[Case]:
+    out: list[Case] = []
+    if "cache_hit" in cases:
+        out.append(await cache_hit(20_000 if quick else 200_000, 5 if quick else 15))
+    if "cache_stampede" in cases:
+        out.append(await cache_stampede())
+    return out

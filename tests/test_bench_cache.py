@@ -1,0 +1,27 @@
+"""The ``cache`` bench case runs and reports what it says (figures are not asserted: timing is
+the bench's job; loader calls are counts, so they are)."""
+
+from __future__ import annotations
+
+from aiotier.bench import cache
+
+
+async def test_the_stampede_case_counts_one_loader_call_for_aiotier_and_reports_the_peers() -> None:
+    (case,) = await cache.run(True, ("cache_stampede",))
+    doc = case.to_json()
+    assert doc["aiotier"] == 1
+    calls = doc["loader_calls"]
+    assert calls["aiotier"] == 1
+    assert calls["aiocache cached"] > 1  # no single flight there: the reason the case exists
+    assert set(calls) == {
+        "aiotier", "aiocache cached", "aiocache cached_stampede", "cashews get_or_set",
+        "cashews cache(lock=True)",
+    }  # fmt: skip
+
+
+async def test_the_hit_case_reports_its_floor_and_both_peers() -> None:
+    (case,) = await cache.run(True, ("cache_hit",))
+    doc = case.to_json()
+    assert doc["aiotier"] > 0 and doc["floor"]["value"] > 0
+    assert doc["aiocache_us"] > 0 and doc["cashews_us"] > 0
+    assert doc["peer"]["value"] == min(doc["aiocache_us"], doc["cashews_us"])
