@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from ._types import RequestContext
 from .errors import ConfigError
 
-__all__ = ["block_data", "check_int", "check_positive", "check_req", "str_ids"]
+__all__ = ["check_int", "check_positive", "check_req", "str_ids", "value_data"]
 
 
 def check_positive(field: str, value: object, *, allow_zero: bool = False) -> float:
@@ -40,17 +40,12 @@ def str_ids(field: str, ids: Iterable[str]) -> tuple[str, ...]:
     return out
 
 
-def block_data(key: bytes, data: object, block_size: int) -> memoryview:
-    """``data`` for block ``key`` as its raw bytes (any item size or shape): ``TypeError`` for
-    what is not bytes-like or not C-contiguous, ``ValueError`` past ``block_size``."""
+def value_data(key: bytes, data: object) -> memoryview:
+    """``data`` for ``key`` as its raw bytes (any item size or shape): ``TypeError`` for what
+    is not bytes-like or not C-contiguous."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise TypeError(f"data must be bytes-like, got {type(data).__name__}")
     try:
-        view = memoryview(data).cast("B")
+        return memoryview(data).cast("B")
     except TypeError:
         raise TypeError(f"data for block {key[:64]!r} must be C-contiguous") from None
-    if view.nbytes > block_size:
-        raise ValueError(
-            f"data for block {key[:64]!r} is {view.nbytes} bytes, block_size is {block_size}"
-        )
-    return view

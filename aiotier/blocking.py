@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
+from ._engine.values import looks_like_manifest
 from ._types import (
     BlockEvent,
     LoadSpec,
@@ -221,7 +222,7 @@ class BlockingEngine:
         """:meth:`TieringEngine.get`; a resident block is copied in the caller's thread."""
         if _running_loop() is None:
             data = self.engine._now.cached(key, req)
-            if data is not None:
+            if data is not None and not looks_like_manifest(data):
                 return data
         return self._call(self.engine.get, key, req)
 

@@ -24,6 +24,7 @@ from ._core.breaker import BreakerPolicy
 from ._core.engine_core import EngineCore
 from ._core.requests import RequestState
 from ._core.table import READY
+from ._core.values import check_value_key, needs_pieces
 from ._engine.breakers import Breakers
 from ._engine.cache import CacheCalls
 from ._engine.clearing import check_clearable, clear_everything
@@ -34,6 +35,7 @@ from ._engine.reads import TierReads
 from ._engine.status import EngineStats, EngineStatus, TierHealth
 from ._engine.stepping import StepExport
 from ._engine.threads import CallerThreadAnswers, Guard
+from ._engine.values import Values, looks_like_manifest
 from ._engine.writers import Writers
 from ._types import (
     BlockEvent,
@@ -44,7 +46,7 @@ from ._types import (
     normalize_key,
     normalize_keys,
 )
-from ._validate import block_data, check_positive, check_req, str_ids
+from ._validate import check_positive, check_req, str_ids, value_data
 from .errors import ConfigError, TieringError
 from .telemetry import Telemetry
 from .tiers.base import SecondaryTier
@@ -146,6 +148,7 @@ class TieringEngine:
             promotion_timeout=self.promotion_timeout,
             io_timeout=self.io_timeout,
         )
+        self._values = Values(core, len(tiers), guard, self._cache.get)
         self._status = status = EngineStatus(
             core, primary, tiers, guard, breakers, lambda: self._opened and not core.closed
         )
@@ -453,10 +456,11 @@ class TieringEngine:
     # ------------------------------------------------------------------ cache API
 
     async def get(self, key: bytes | str, req: RequestContext | None = None) -> bytes | None:
-        """The block's bytes: from the primary, or promoted from a tier and awaited; else None.
+        """The value's bytes: from the primary, or promoted from a tier and awaited; else None.
 
-        ``get`` counts as its own anonymous request for the metrics; it pins a block only while
-        it waits for it and copies it out.
+        A value stored over several blocks comes back whole or not at all (None when a piece
+        is gone). ``get`` counts as its own anonymous request for the metrics (one lookup per
+        block it reads); it pins a block only while it waits for it and copies it out.
         """
         k = normalize_key(key)
         check_req(req)  # a get is observed as its own anonymous request: no state kept
@@ -466,7 +470,10 @@ class TieringEngine:
                 self._core.saw([k])
         self._guard.check_loop()
         try:
-            return await self._cache.get(k)
+            data = await self._cache.get(k)
+            if data is not None and looks_like_manifest(data):
+                return await self._values.get(k, data)
+            return data
         finally:
             self._export.flush_if_full()
 
@@ -479,13 +486,13 @@ class TieringEngine:
         exception reaches every caller waiting on that call and stores nothing; the next call
         tries again. A caller cancelled while waiting does not cancel the load for the others.
         The value is returned even when the primary has no room to keep it. ``loader`` must be
-        an async callable returning bytes-like (``TypeError`` otherwise); a value over the
-        block size raises ``ValueError``, as ``put`` does.
+        an async callable returning bytes-like (``TypeError`` otherwise); a value the engine
+        cannot take raises ``ValueError``, as ``put`` does.
         """
         if not callable(loader):
             raise TypeError(f"get_or_load: loader must be an async callable, got {loader!r}")
         data = self._now.cached(key, None)  # a primary hit starts no task
-        if data is not None:
+        if data is not None and not looks_like_manifest(data):
             return data
         k = normalize_key(key)
         with self._guard.lock:
@@ -502,23 +509,48 @@ class TieringEngine:
         return data
 
     async def put(self, key: bytes | str, data: bytes | bytearray | memoryview) -> bool:
-        """Store ``data`` in the primary, replacing the key everywhere; False when no room."""
+        """Store ``data`` in the primary, replacing the key everywhere; False when no room.
+
+        A value larger than ``block_size`` is stored over several blocks (up to
+        ``max_value_bytes``; larger raises ``ValueError``): its pieces first, then one block
+        that names them, so ``get`` sees the old value or the new one, whole. False, with the
+        old value still there, when the primary cannot hold every piece now.
+        """
         self._guard.check_loop()
         return self._put(key, data)
+
+    @property
+    def max_value_bytes(self) -> int:
+        """The largest value ``put`` takes: ``num_blocks - 1`` blocks (the primary must hold
+        all its pieces and the block naming them at once)."""
+        return self._values.max_bytes
 
     def _put(self, key: bytes | str, data: bytes | bytearray | memoryview) -> bool:
         """``put`` awaits nothing: a caller's thread can run it too (``BlockingEngine``)."""
         k = normalize_key(key)
-        view = block_data(k, data, self.primary.block_size)
+        check_value_key(k)
+        view = value_data(k, data)
         with self._guard.lock:
             self._check_open()
-            return self._core.put(k, view)
+            if needs_pieces(view, self.primary.block_size):
+                return self._values.put(k, view)
+            replaced = self._values.pieces_of(k)  # a value over several blocks goes whole
+            stored = self._core.put(k, view)
+            if stored:
+                self._values.forget(replaced)
+            return stored
 
     async def delete(self, key: bytes | str) -> bool:
-        """Remove the block from every tier; True if any tier had it."""
+        """Remove the value from every tier; True if any tier had it.
+
+        A value over several blocks loses its pieces too when the block naming them is in the
+        primary; pieces of one found only below are left to age out of their tiers.
+        """
         k = normalize_key(key)
+        check_value_key(k)
         with self._guard.lock:
             self._check_open()
+            self._values.forget(self._values.pieces_of(k))
         self._guard.check_loop()
         return await self._cache.delete(k)
 

@@ -76,8 +76,12 @@ class Demotions:
         core.arena.write(slot, data)
         return True
 
-    def replaced_everywhere(self, k: bytes, slot: int) -> None:
-        """New bytes of ``k`` landed in ``slot``: no tier may serve an older version."""
+    def replaced_everywhere(self, k: bytes, slot: int, *, fresh: bool = False) -> None:
+        """New bytes of ``k`` landed in ``slot``: no tier may serve an older version.
+
+        ``fresh``: no tier can hold ``k`` (a key never used before, such as a piece of a
+        value over several blocks): there is nothing to remove below.
+        """
         core = self._core
         coherence = core.coherence
         coherence.replaced(k)
@@ -97,6 +101,8 @@ class Demotions:
             core.table.set_clean(slot, held and coherence.holds(0, k) is True)
             return
         core.table.set_clean(slot, False)
+        if fresh:
+            return
         for ti in tiers:
             if coherence.writing(ti, k) or coherence.holds(ti, k) is not False:
                 core.writes.push(ti, remove(k))

@@ -407,6 +407,32 @@ class EngineCore:
         self.demotions.replaced_everywhere(k, slot)
         return True
 
+    def put_value(self, k: bytes, head: bytes, pieces: Sequence[tuple[bytes, memoryview]]) -> bool:
+        """Store a value's ``pieces`` (keys never used before) and then ``head``, the block
+        naming them, under ``k``: one allocation, so none of them evicts another, and all or
+        nothing (False, changing nothing, when the primary cannot hold them all now)."""
+        table = self.table
+        old = table.index.get(k)
+        keys = [pk for pk, _ in pieces]
+        keys.append(k)
+        self.stats.observe("allocation_size", len(keys))
+        got = table.allocate(keys, READY, () if old is None else (old,))
+        if got is None:
+            self.stats.counts[("allocation_failures", "store")] += 1
+            return False
+        slots, evicted = got
+        if old is not None:
+            self.forget(k, old)
+        self.demotions.evicted(evicted)
+        write, replaced = self.arena.write, self.demotions.replaced_everywhere
+        for (pk, data), slot in zip(pieces, slots, strict=False):
+            write(slot, data)
+            replaced(pk, slot, fresh=True)
+        write(slots[-1], head)
+        replaced(k, slots[-1])
+        self.events.append(BlockEvent(tuple(keys), self.primary_name, False))
+        return True
+
     def _replace_slot(self, k: bytes, old: int) -> tuple[list[int], Evictions] | None:
         """A fresh slot for ``k`` whose current slot is pinned, pending or promoting; the old
         one is forgotten only once the allocation succeeded, so a full arena changes nothing."""

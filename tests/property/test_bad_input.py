@@ -314,8 +314,9 @@ def test_a_request_that_is_not_a_request_context_is_refused(
 
 
 @SETTINGS
-@given(data=st.one_of(NOT_DATA, st.binary(min_size=BLOCK + 1, max_size=BLOCK * 64)))
+@given(data=st.one_of(NOT_DATA, st.binary(min_size=15 * BLOCK + 1, max_size=BLOCK * 64)))
 def test_put_refuses_data_that_is_not_bytes_or_too_long(h: Harness, data: Any) -> None:
+    """Too long: over ``max_value_bytes`` (the harness's primary: 16 blocks, 15 of them)."""
     exc = h.expect_rejected(lambda: h.engine.put("k1", data), "bad data to put")
     if isinstance(data, bytes):
         assert isinstance(exc, ValueError) and str(len(data)) in str(exc)  # names the sizes
