@@ -25,3 +25,10 @@ async def test_the_hit_case_reports_its_floor_and_both_peers() -> None:
     assert doc["aiotier"] > 0 and doc["floor"]["value"] > 0
     assert doc["aiocache_us"] > 0 and doc["cashews_us"] > 0
     assert doc["peer"]["value"] == min(doc["aiocache_us"], doc["cashews_us"])
+
+
+async def test_the_large_value_case_reads_the_value_it_put() -> None:
+    (case,) = await cache.run(True, ("cache_large_value",))
+    doc = case.to_json()
+    assert doc["params"] == {"value_bytes": 1 << 20, "block_size": 65536, "pieces": 16}
+    assert doc["aiotier"] > 0 and doc["put_us"] > 0

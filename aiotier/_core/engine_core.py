@@ -502,6 +502,19 @@ class EngineCore:
             self.stats.primary_hit += 1
         return data
 
+    def join_ready(self, keys: Sequence[bytes]) -> bytes | None:
+        """The blocks of ``keys`` joined in one copy when every one is loadable from the
+        primary (each counted as a primary hit and marked recently used); None otherwise."""
+        table = self.table
+        slots = [table.ready_slot(k) for k in keys]
+        if None in slots:
+            return None
+        view = self.arena.data_view
+        for slot in slots:
+            table.touch(slot)  # type: ignore[arg-type]
+        self.stats.primary_hit += len(slots)
+        return b"".join([view(slot) for slot in slots])  # type: ignore[arg-type]
+
     def copy_ready(self, k: bytes) -> bytes | None:
         """The bytes of ``k`` if it is loadable from the primary (marking it recently used)."""
         slot = self.table.ready_slot(k)

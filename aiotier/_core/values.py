@@ -33,6 +33,7 @@ __all__ = [
     "needs_pieces",
     "parse_manifest",
     "split_value",
+    "verified",
 ]
 
 MANIFEST_MAGIC: Final = b"\x89aiotval"
@@ -119,7 +120,11 @@ def assemble(manifest: Manifest, pieces: Sequence[bytes | None]) -> bytes | None
     the manifest says (length and digest)."""
     if len(pieces) != manifest.pieces or any(p is None for p in pieces):
         return None
-    value = b"".join(pieces)  # type: ignore[arg-type]  # no None left
+    return verified(manifest, b"".join(pieces))  # type: ignore[arg-type]  # no None left
+
+
+def verified(manifest: Manifest, value: bytes) -> bytes | None:
+    """``value`` if it is the one ``manifest`` names (length and digest), else None."""
     if len(value) != manifest.length or xxhash.xxh3_128_digest(value) != manifest.digest:
         return None
     return value

@@ -21,6 +21,7 @@ from .._core.values import (
     max_value_bytes,
     parse_manifest,
     split_value,
+    verified,
 )
 from .threads import Guard
 
@@ -79,7 +80,12 @@ class Values:
         manifest = parse_manifest(block)
         if manifest is None:
             return block
-        pieces = await asyncio.gather(*(self._get_block(pk) for pk in manifest.piece_keys()))
+        keys = manifest.piece_keys()
+        with self._guard.lock:
+            joined = self._core.join_ready(keys)  # all in the primary: one copy, no task
+        if joined is not None:
+            return verified(manifest, joined)
+        pieces = await asyncio.gather(*(self._get_block(pk) for pk in keys))
         return assemble(manifest, pieces)
 
     def pieces_of(self, k: bytes) -> list[bytes]:
