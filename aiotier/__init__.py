@@ -27,7 +27,7 @@ from ._types import (
 )
 from .blocking import BlockingEngine
 from .caching import BYTES, JSON, TEXT, Codec, cached
-from .engine import EngineStats, TierHealth, TieringEngine
+from .engine import EngineOptions, EngineStats, TierHealth, TieringEngine
 from .errors import (
     BlockCorruptedError,
     BlockNotReadyError,
@@ -58,6 +58,7 @@ __all__ = [
     "BreakerPolicy",
     "Codec",
     "ConfigError",
+    "EngineOptions",
     "EngineStats",
     "LoadSpec",
     "LookupResult",

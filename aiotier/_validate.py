@@ -7,13 +7,21 @@ from collections.abc import Iterable
 from ._types import RequestContext
 from .errors import ConfigError
 
-__all__ = ["check_int", "check_positive", "check_req", "str_ids", "value_data"]
+__all__ = [
+    "check_bool",
+    "check_int",
+    "check_positive",
+    "check_req",
+    "check_str",
+    "str_ids",
+    "value_data",
+]
 
 
 def check_positive(field: str, value: object, *, allow_zero: bool = False) -> float:
     """A number > 0 (or >= 0): ``TypeError`` for a non-number, ``ConfigError`` out of range."""
     if not isinstance(value, int | float) or isinstance(value, bool):
-        raise TypeError(f"{field} must be a number, got {type(value).__name__}")
+        raise TypeError(f"{field} must be a number, got {type(value).__name__} {value!r}")
     if value < 0 or (value == 0 and not allow_zero) or value != value:
         raise ConfigError(f"{field} must be > 0, got {value!r}")
     return float(value)
@@ -22,6 +30,19 @@ def check_positive(field: str, value: object, *, allow_zero: bool = False) -> fl
 def check_int(field: str, value: object, *, minimum: int = 1) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ConfigError(f"{field} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def check_bool(field: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{field} must be a bool, got {value!r}")
+    return value
+
+
+def check_str(field: str, value: object, *, what: str = "a non-empty str") -> str:
+    """A non-empty ``str``; ``what`` says what was expected (e.g. "a redis:// URL")."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{field} must be {what}, got {value!r}")
     return value
 
 

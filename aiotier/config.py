@@ -46,40 +46,120 @@ and ``AIOTIER_ENGINE_BREAKER="failure_threshold=3,cooldown=2"`` (or ``off``) the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
+import functools
+import inspect
 import os
 import tomllib
-from collections.abc import Mapping
-from typing import Any
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, Final, Literal
 
 from ._core.admission import AdmissionPolicy, parse_admission
 from ._core.breaker import BreakerPolicy
-from .engine import TieringEngine
+from .engine import EngineOptions, TieringEngine
 from .errors import ConfigError
 from .tiers.base import SecondaryTier
+from .tiers.memory import MemoryTier
+from .tiers.objectstore import ObjectStoreTier  # obstore is imported when one is created
 from .tiers.primary import PrimaryTier
+from .tiers.redis import RedisTier  # redis-py is imported when one is created
+from .tiers.ssd import SSDTier
 
-__all__ = ["engine_from_config", "engine_from_env", "load_config"]
+__all__ = ["EXCLUDED", "config_fields", "engine_from_config", "engine_from_env", "load_config"]
 
 _SECTIONS = ("engine", "primary", "demo", "tiers")
 #: Variables of the test suite and the benchmarks (``AIOTIER_TEST_LOOP``), not configuration.
 _TOOLING = ("test", "bench")
 
-_ENGINE_FIELDS = {
-    "write_policy": str, "promotion_timeout": float, "max_inflight_promotions": int,
-    "backoff_seconds": float, "io_timeout": float, "pin_steps": int, "step_interval": float,
-    "immutable_keys": bool, "max_promotion_share": float,
+#: ``type = ...`` of a ``[[tiers]]`` table -> the tier it builds.
+_TIER_TYPES: Final[Mapping[str, type[SecondaryTier]]] = {
+    "memory": MemoryTier, "ssd": SSDTier, "redis": RedisTier, "s3": ObjectStoreTier,
 }  # fmt: skip
-_PRIMARY_FIELDS = {"num_blocks": int, "block_size": int, "policy": str}
-_TIER_FIELDS: dict[str, dict[str, type]] = {
-    "memory": {"capacity_bytes": int, "name": str},
-    "ssd": {"path": str, "capacity_bytes": int, "fsync": bool, "name": str, "io_threads": int},
-    "redis": {"url": str, "namespace": str, "ttl": float, "cluster": bool, "name": str,
-              "protocol": int, "timeout": float},
-    "s3": {"bucket": str, "prefix": str, "endpoint_url": str, "region": str, "name": str,
-           "max_concurrency": int, "timeout": float, "connect_timeout": float,
-           "immutable_keys": bool, "failure_threshold": int, "probe_interval": float},
-}  # fmt: skip
+
+#: Constructor parameters a file cannot give, per section, and why. Every other parameter of
+#: ``EngineOptions``, ``PrimaryTier``, the tiers and ``DemoConfig`` is a field of its section.
+EXCLUDED: Final[Mapping[str, Mapping[str, str]]] = {
+    "engine": {
+        "meter_provider": "an OpenTelemetry object: engine_from_config(..., meter_provider=...)",
+    },
+    "redis": {"client_kwargs": "redis-py objects (SSL contexts, retries): build it in code"},
+    "s3": {
+        "credential_provider": "a callable: build the ObjectStoreTier in code",
+        "client_options": "obstore's client options: build the ObjectStoreTier in code",
+        "config": "obstore's store settings: build the ObjectStoreTier in code",
+    },
+    "demo": {"engine_options": "the [engine] table of the same file"},
+}
+
+
+def _constructor(section: str) -> Callable[..., Any]:
+    if section == "engine":
+        return EngineOptions
+    if section == "primary":
+        return PrimaryTier
+    if section == "demo":
+        from .demo import DemoConfig
+
+        return DemoConfig
+    return _TIER_TYPES[section]
+
+
+def _scalar(hint: Any) -> type | None:
+    """The one TOML scalar type (bool, int, float, str) an annotation takes, else None."""
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    kinds = set()
+    for arg in typing.get_args(hint) if union else (hint,):
+        if arg is type(None):
+            continue
+        if arg in (bool, int, float, str):
+            kinds.add(arg)
+        elif typing.get_origin(arg) is Literal:
+            kinds.update(type(v) for v in typing.get_args(arg))
+        elif arg is os.PathLike or typing.get_origin(arg) is os.PathLike:
+            kinds.add(str)
+        else:
+            return None
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+@functools.cache
+def config_fields(section: str) -> Mapping[str, type]:
+    """The fields of ``section`` ("engine", "primary", "demo" or a tier type) and their types.
+
+    Derived from the constructor's own parameters: each one is a field unless it is in
+    :data:`EXCLUDED` or is a table of its own (``engine.admission``, ``engine.breaker``). A
+    parameter whose type a file cannot hold raises ``TypeError`` naming it, so a constructor
+    cannot grow a parameter that is neither configurable nor deliberately left out.
+    """
+    made = _constructor(section)
+    if dataclasses.is_dataclass(made):
+        hints = typing.get_type_hints(made)
+        names = [f.name for f in dataclasses.fields(made) if f.init]
+    else:
+        init = made.__init__
+        hints = typing.get_type_hints(init)
+        names = [
+            p.name
+            for p in list(inspect.signature(init).parameters.values())[1:]
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+    excluded = EXCLUDED.get(section, {})
+    out = {}
+    for name in names:
+        if name in excluded or (section == "engine" and name in _ENGINE_TABLES):
+            continue
+        kind = _scalar(hints[name])
+        if kind is None:
+            raise TypeError(
+                f"{made.__name__}'s parameter {name!r} ({hints[name]}) cannot come from a "
+                "config file: give it a scalar type, or a parser in config._ENGINE_TABLES, "
+                f"or an entry in aiotier.config.EXCLUDED[{section!r}] saying why"
+            )
+        out[name] = kind
+    return out
 
 
 def _typed(where: str, value: Any, kind: type) -> Any:
@@ -101,11 +181,18 @@ def _typed(where: str, value: Any, kind: type) -> Any:
     return value
 
 
-def _fields(where: str, table: Mapping[str, Any], allowed: Mapping[str, type]) -> dict[str, Any]:
+def _fields(
+    where: str,
+    table: Mapping[str, Any],
+    allowed: Mapping[str, type],
+    excluded: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     if not isinstance(table, Mapping):
         raise ConfigError(f"{where}: expected a table, got {type(table).__name__}")
     out = {}
     for key, value in table.items():
+        if excluded and key in excluded:
+            raise ConfigError(f"{where}.{key}: cannot come from a config file: {excluded[key]}")
         if key not in allowed:
             raise ConfigError(f"{where}.{key}: unknown field; expected one of {sorted(allowed)}")
         out[key] = _typed(f"{where}.{key}", value, allowed[key])
@@ -116,25 +203,12 @@ def _tier(where: str, spec: Mapping[str, Any]) -> SecondaryTier:
     if not isinstance(spec, Mapping):
         raise ConfigError(f"{where}: expected a table, got {type(spec).__name__}")
     kind = spec.get("type")
-    if kind not in _TIER_FIELDS:
-        raise ConfigError(f"{where}.type: expected one of {sorted(_TIER_FIELDS)}, got {kind!r}")
-    args = _fields(where, {k: v for k, v in spec.items() if k != "type"}, _TIER_FIELDS[kind])
+    if not isinstance(kind, str) or kind not in _TIER_TYPES:
+        raise ConfigError(f"{where}.type: expected one of {sorted(_TIER_TYPES)}, got {kind!r}")
+    fields = {k: v for k, v in spec.items() if k != "type"}
+    args = _fields(where, fields, config_fields(kind), EXCLUDED.get(kind))
     try:
-        if kind == "memory":
-            from .tiers.memory import MemoryTier
-
-            return MemoryTier(**args)
-        if kind == "ssd":
-            from .tiers.ssd import SSDTier
-
-            return SSDTier(**args)
-        if kind == "s3":
-            from .tiers.objectstore import ObjectStoreTier
-
-            return ObjectStoreTier(**args)
-        from .tiers.redis import RedisTier
-
-        return RedisTier(**args)
+        return _TIER_TYPES[kind](**args)
     except TypeError as exc:
         raise ConfigError(f"{where}: {exc}") from exc
 
@@ -181,34 +255,47 @@ def _breaker(where: str, spec: Any) -> BreakerPolicy | None:
         raise ConfigError(f"{where}: {exc}") from None
 
 
+#: Engine options given as tables of their own, and their parsers.
+_ENGINE_TABLES: Final[Mapping[str, Callable[[str, Any], Any]]] = {
+    "admission": _admission,
+    "breaker": _breaker,
+}
+
+
+def engine_arguments(table: Any, where: str = "engine") -> dict[str, Any]:
+    """``TieringEngine``'s options from an ``[engine]`` table (each value checked)."""
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{where}: expected a table, got {type(table).__name__}")
+    plain = {k: v for k, v in table.items() if k not in _ENGINE_TABLES}
+    args = _fields(where, plain, config_fields("engine"), EXCLUDED["engine"])
+    for name, parse in _ENGINE_TABLES.items():
+        if name in table:
+            args[name] = parse(f"{where}.{name}", table[name])
+    return args
+
+
 def engine_from_config(config: Mapping[str, Any], **overrides: Any) -> TieringEngine:
-    """An engine (not yet open) from a mapping shaped like the module docstring."""
+    """An engine (not yet open) from a mapping shaped like ``docs/operations.md`` shows."""
     if not isinstance(config, Mapping):
         raise ConfigError(f"config: expected a mapping, got {type(config).__name__}")
-    unknown = set(config) - {"engine", "primary", "tiers", "demo"}
+    unknown = set(config) - set(_SECTIONS)
     if unknown:
         raise ConfigError(f"{sorted(unknown)[0]}: unknown section")
-    primary_args = _fields("primary", config.get("primary", {}), _PRIMARY_FIELDS)
+    primary_args = _fields("primary", config.get("primary", {}), config_fields("primary"))
     for required in ("num_blocks", "block_size"):
         if required not in primary_args:
             raise ConfigError(f"primary.{required}: required")
     tiers_spec = config.get("tiers", [])
     if not isinstance(tiers_spec, list):
         raise ConfigError("tiers: expected an array of tables")
-    engine_table = config.get("engine", {})
-    tables: dict[str, Any] = {}
-    if isinstance(engine_table, Mapping):
-        engine_table = dict(engine_table)
-        if "admission" in engine_table:
-            tables["admission"] = _admission("engine.admission", engine_table.pop("admission"))
-        if "breaker" in engine_table:
-            tables["breaker"] = _breaker("engine.breaker", engine_table.pop("breaker"))
-    engine_args = _fields("engine", engine_table, _ENGINE_FIELDS)
-    engine_args.update(tables)
+    engine_args = engine_arguments(config.get("engine", {}))
     engine_args.update(overrides)
     primary = PrimaryTier(**primary_args)
     tiers = [_tier(f"tiers[{i}]", spec) for i, spec in enumerate(tiers_spec)]
-    return TieringEngine(primary, tiers, **engine_args)
+    try:
+        return TieringEngine(primary, tiers, **engine_args)
+    except ConfigError as exc:
+        raise ConfigError(f"engine: {exc}") from exc
 
 
 def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -263,19 +350,28 @@ def engine_from_env(environ: Mapping[str, str] | None = None, **overrides: Any) 
 
 
 def load_demo_config(args: argparse.Namespace) -> Any:
-    """The demo's settings: defaults, then ``[demo]`` of ``--config``, then the flags."""
-    from dataclasses import fields
-
+    """The demo's settings: defaults, then ``[demo]`` and ``[engine]`` of ``--config``, then the
+    flags. The demo builds its own primary and tiers: a file with ``[primary]`` or ``[[tiers]]``
+    is refused rather than half-used."""
     from .demo import DemoConfig
 
     cfg = DemoConfig()
-    known = {f.name: f.type for f in fields(DemoConfig)}
     if getattr(args, "config", None):
-        table = load_config(args.config).get("demo", {})
-        for key, value in table.items():
-            if key not in known:
-                raise ConfigError(f"demo.{key}: unknown field; expected one of {sorted(known)}")
+        config = load_config(args.config)
+        unknown = set(config) - set(_SECTIONS)
+        if unknown:
+            raise ConfigError(f"{sorted(unknown)[0]}: unknown section")
+        for section in ("primary", "tiers"):
+            if section in config:
+                raise ConfigError(
+                    f"{section}: the demo builds its own primary and tiers (--primary-mib, "
+                    f"--ssd-dir, --redis, --s3); remove [{section}] from {args.config}, or build "
+                    "the engine it describes with aiotier.config.engine_from_config"
+                )
+        table = config.get("demo", {})
+        for key, value in _fields("demo", table, config_fields("demo"), EXCLUDED["demo"]).items():
             setattr(cfg, key, value)
+        cfg.engine_options = engine_arguments(config.get("engine", {}))
     given = set()
     for key in (
         "steps", "requests", "primary_mib", "ssd_dir", "redis_url", "s3_url", "metrics_port",

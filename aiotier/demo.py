@@ -62,6 +62,8 @@ class DemoConfig:
     seed: int = 0
     max_running: int = 32
     forward_pass_ms: float = 5.0
+    #: ``TieringEngine``'s options (the ``[engine]`` table of ``--config``).
+    engine_options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -189,7 +191,10 @@ async def run_demo(
     started = time.perf_counter()
     try:
         async with _tiers(cfg) as tiers, TieringEngine(
-            PrimaryTier(num_blocks, cfg.block_size), tiers, meter_provider=provider
+            PrimaryTier(num_blocks, cfg.block_size),
+            tiers,
+            meter_provider=provider,
+            **cfg.engine_options,
         ) as engine:
             waiting: list[tuple[str, list[bytes]]] = []
             running: dict[str, int] = {}

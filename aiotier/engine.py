@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, Unpack
 
 from opentelemetry.metrics import MeterProvider
 
-from ._core.admission import AdmissionPolicy
-from ._core.breaker import BreakerPolicy
 from ._core.engine_core import EngineCore
 from ._core.requests import RequestState
 from ._core.table import READY
@@ -30,7 +28,7 @@ from ._engine.cache import CacheCalls
 from ._engine.clearing import check_clearable, clear_everything
 from ._engine.lifecycle import open_tiers, release_shared_memory, write_down_and_close
 from ._engine.loading import Flights, Loader, call_loader
-from ._engine.options import WritePolicy, build_core, engine_options
+from ._engine.options import EngineArgs, EngineOptions, WritePolicy, build_core, engine_options
 from ._engine.reads import TierReads
 from ._engine.status import EngineStats, EngineStatus, TierHealth
 from ._engine.stepping import StepExport
@@ -52,7 +50,7 @@ from .telemetry import Telemetry
 from .tiers.base import SecondaryTier
 from .tiers.primary import PrimaryTier
 
-__all__ = ["EngineStats", "TierHealth", "TieringEngine", "WritePolicy"]
+__all__ = ["EngineOptions", "EngineStats", "TierHealth", "TieringEngine", "WritePolicy"]
 
 
 _HIT: Final = LookupResult.HIT
@@ -72,56 +70,15 @@ class TieringEngine:
         primary: PrimaryTier,
         secondary: Sequence[SecondaryTier] = (),
         *,
-        write_policy: WritePolicy = "write_back",
         meter_provider: MeterProvider | None = None,
-        promotion_timeout: float = 5.0,
-        max_inflight_promotions: int = 64,
-        backoff_seconds: float = 1.0,
-        io_timeout: float | None = None,
-        pin_steps: int = 16,
-        step_interval: float | None = None,
-        max_pending_write_bytes: int | None = None,
-        open_timeout: float = 300.0,
-        immutable_keys: bool = False,
-        admission: Mapping[str, AdmissionPolicy] | None = None,
-        max_promotion_share: float = 0.9,
-        breaker: BreakerPolicy | None = BreakerPolicy(),  # noqa: B008 - frozen, shared safely
+        **options: Unpack[EngineArgs],
     ) -> None:
-        o = engine_options(
-            primary,
-            secondary,
-            write_policy=write_policy,
-            promotion_timeout=promotion_timeout,
-            max_inflight_promotions=max_inflight_promotions,
-            backoff_seconds=backoff_seconds,
-            io_timeout=io_timeout,
-            pin_steps=pin_steps,
-            step_interval=step_interval,
-            max_pending_write_bytes=max_pending_write_bytes,
-            open_timeout=open_timeout,
-            immutable_keys=immutable_keys,
-            admission=admission,
-            max_promotion_share=max_promotion_share,
-            breaker=breaker,
-        )
+        """``options`` are :class:`~aiotier.EngineOptions`' fields (its docs list them)."""
+        self.tiers, o = engine_options(primary, secondary, options)
+        tiers = self.tiers
         self.primary = primary
-        self.tiers = tiers = o.tiers
-        self.write_policy: WritePolicy = o.write_policy
-        self.promotion_timeout = o.promotion_timeout
-        self.max_inflight_promotions = o.max_inflight_promotions
-        self.backoff_seconds = o.backoff_seconds
-        self.io_timeout = o.io_timeout
-        self.pin_steps = o.pin_steps
-        self.step_interval = o.step_interval
-        self.open_timeout = o.open_timeout
-        #: Keys name their content (a hash of the bytes, as vLLM's prefix-cache block hashes):
-        #: a put or store of a key never changes its bytes, so copies below stay valid.
-        self.immutable_keys = o.immutable_keys
-        #: At most this share of the primary's slots (rounded up) holds promoted blocks that no
-        #: request has loaded yet: the rest stays free for stores.
-        self.max_promotion_share = o.max_promotion_share
-        #: Tier name -> its admission policy (tiers not named admit every block).
-        self.admission: Mapping[str, AdmissionPolicy] = o.admission
+        #: The options this engine was built with (defaults filled in).
+        self.options = o
 
         cascade = o.write_policy == "write_back"
         # hand-overs feed the tier below; from a tier that keeps its bytes in memory they are
@@ -132,12 +89,10 @@ class TieringEngine:
         self._hand_over = hand_over
         self._writers: Writers | None = None
         self._guard = guard = Guard()
-        self._core = core = build_core(primary, o, self._notify_writer)
-        #: Each secondary tier's circuit: while open the engine does not call the tier.
-        self.breaker = o.breaker
+        self._core = core = build_core(primary, tiers, o, self._notify_writer)
         breakers = Breakers(tiers, o.breaker, guard)
-        self._writers = Writers(core, tiers, hand_over, self.io_timeout, guard, breakers)
-        self._reads = TierReads(core, tiers, self.promotion_timeout, guard, breakers)
+        self._writers = Writers(core, tiers, hand_over, o.tier_timeout, guard, breakers)
+        self._reads = TierReads(core, tiers, o.promotion_timeout, guard, breakers)
         self._cache = CacheCalls(
             core,
             tiers,
@@ -145,8 +100,8 @@ class TieringEngine:
             guard,
             breakers,
             wait=lambda ks, timeout: self.wait(ks, timeout=timeout),
-            promotion_timeout=self.promotion_timeout,
-            io_timeout=self.io_timeout,
+            promotion_timeout=o.promotion_timeout,
+            io_timeout=o.tier_timeout,
         )
         self._values = Values(core, len(tiers), guard, self._cache.get)
         self._status = status = EngineStatus(
@@ -228,7 +183,8 @@ class TieringEngine:
                 "this PrimaryTier's shared memory was released when the engine using it "
                 "closed (workers could no longer attach): create a new PrimaryTier"
             )
-        await open_tiers(self.tiers, self.primary.block_size, self.open_timeout, self.io_timeout)
+        o = self.options
+        await open_tiers(self.tiers, self.primary.block_size, o.open_timeout, o.tier_timeout)
         self._opened = True
         self._guard.bind()
         self._fast = not self._core.sightings
@@ -237,8 +193,8 @@ class TieringEngine:
         self._core.count_tier_evictions_from([t.evictions for t in self.tiers])
         assert self._writers is not None
         self._writers.start()
-        if self.step_interval is not None:
-            self._export.start_ticker(self.step_interval, self.end_step)
+        if o.step_interval is not None:
+            self._export.start_ticker(o.step_interval, self.end_step)
         else:
             self._export.start_idle_export()
 
@@ -267,13 +223,13 @@ class TieringEngine:
         core, lock = self._core, self._guard.lock
         await asyncio.gather(*self._flights.cancel(), return_exceptions=True)
         await self._export.ticker_stopped()
-        await self._reads.cancel(self.io_timeout)
+        await self._reads.cancel(self.options.tier_timeout)
         with lock:
             core.release_all()
         if self._opened:
             assert self._writers is not None
             await write_down_and_close(
-                core, self.tiers, self._writers, lock, self.io_timeout, flush=flush
+                core, self.tiers, self._writers, lock, self.options.tier_timeout, flush=flush
             )
         self._export.close()
         await release_shared_memory(self.primary)
@@ -573,7 +529,7 @@ class TieringEngine:
         assert self._writers is not None
         await clear_everything(
             self._core, self.tiers, self._writers, self._guard,
-            timeout if timeout is not None else self.open_timeout,
+            timeout if timeout is not None else self.options.open_timeout,
         )  # fmt: skip
 
     async def flush(self, timeout: float | None = None) -> None:
@@ -586,7 +542,7 @@ class TieringEngine:
         self._guard.check_loop()
         assert self._writers is not None
         await self._writers.drain(
-            timeout if timeout is not None else self.io_timeout * 2, discard=False
+            timeout if timeout is not None else self.options.tier_timeout * 2, discard=False
         )
 
     # ------------------------------------------------------------------ step boundary

@@ -22,7 +22,8 @@ def test_mapping_builds_the_engine_it_describes(tmp_path: Path) -> None:
         ],
     })  # fmt: skip
     assert engine.primary.num_blocks == 8 and engine.primary.policy_name == "arc"
-    assert engine.write_policy == "write_through" and engine.promotion_timeout == 2.0
+    o = engine.options
+    assert o.write_policy == "write_through" and o.promotion_timeout == 2.0
     assert isinstance(engine.tiers[0], MemoryTier) and isinstance(engine.tiers[1], SSDTier)
     assert engine.tiers[1].fsync is True
 
@@ -36,7 +37,7 @@ def test_toml_file(tmp_path: Path) -> None:
     )
     engine = engine_from_config(load_config(path))
     assert engine.tiers[0].name == "ram"
-    assert {k: repr(v) for k, v in engine.admission.items()} == {
+    assert {k: repr(v) for k, v in engine.options.admission.items()} == {
         "primary": "AdmitTinyLFU()",
         "ram": "AdmitAfter(2)",
     }
@@ -56,9 +57,9 @@ def test_environment_variables() -> None:
     }
     assert config_from_env(env)["tiers"] == [{"type": "memory", "capacity_bytes": "4096"}]
     engine = engine_from_env(env)
-    assert engine.primary.num_blocks == 16 and engine.max_inflight_promotions == 8
-    assert engine.immutable_keys is True and engine.max_promotion_share == 0.5
-    assert {k: repr(v) for k, v in engine.admission.items()} == {
+    assert engine.primary.num_blocks == 16 and engine.options.max_inflight_promotions == 8
+    assert engine.options.immutable_keys is True and engine.options.max_promotion_share == 0.5
+    assert {k: repr(v) for k, v in engine.options.admission.items()} == {
         "memory": "AdmitAfter(3)",
         "primary": "AdmitAll()",
     }
@@ -98,16 +99,16 @@ def test_the_circuit_breaker_is_configured_or_turned_off(tmp_path: Path) -> None
         "[engine.breaker]\nfailure_threshold = 3\ncooldown = 2\n\n"
         "[primary]\nnum_blocks = 4\nblock_size = 1024\n"
     )
-    policy = engine_from_config(load_config(path)).breaker
+    policy = engine_from_config(load_config(path)).options.breaker
     assert policy is not None
     assert (policy.failure_threshold, policy.cooldown) == (3, 2.0)
-    assert engine_from_config({**BASE, "engine": {"breaker": False}}).breaker is None
+    assert engine_from_config({**BASE, "engine": {"breaker": False}}).options.breaker is None
     env = {"AIOTIER_PRIMARY_NUM_BLOCKS": "4", "AIOTIER_PRIMARY_BLOCK_SIZE": "512"}
-    assert engine_from_env({**env, "AIOTIER_ENGINE_BREAKER": "off"}).breaker is None
+    assert engine_from_env({**env, "AIOTIER_ENGINE_BREAKER": "off"}).options.breaker is None
     policy = engine_from_env({**env, "AIOTIER_ENGINE_BREAKER": "failure_threshold=2, cooldown=0.5"}
-                             ).breaker  # fmt: skip
+                             ).options.breaker  # fmt: skip
     assert policy is not None and (policy.failure_threshold, policy.cooldown) == (2, 0.5)
-    default = engine_from_config(BASE).breaker
+    default = engine_from_config(BASE).options.breaker
     assert default is not None and (default.failure_threshold, default.cooldown) == (5, 1.0)
 
 

@@ -73,7 +73,7 @@ USER_OVERRIDE = textwrap.dedent(
     @pytest.mark.asyncio
     async def test_options_can_be_overridden(aiotier_engine):
         assert aiotier_engine.primary.num_blocks == 4
-        assert aiotier_engine.write_policy == "write_through"
+        assert aiotier_engine.options.write_policy == "write_through"
     """
 )
 

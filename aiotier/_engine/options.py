@@ -1,63 +1,132 @@
-"""The engine's arguments, checked once: each error names the argument and the value."""
+"""The engine's options, defined once: names, types, defaults and checks.
+
+:class:`EngineOptions` is the one definition. ``TieringEngine(**options)`` builds it, the config
+file and the environment derive their fields from it (:mod:`aiotier.config`), and
+:class:`EngineArgs` is its keyword form for type checkers (a test keeps the two equal).
+"""
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Final, Literal
+from dataclasses import dataclass, fields
+from typing import Any, Final, Literal, TypedDict
 
 from .._core.admission import AdmissionPolicy
 from .._core.breaker import BreakerPolicy
 from .._core.engine_core import EngineCore
-from .._validate import check_int, check_positive
+from .._validate import check_bool, check_int, check_positive
 from ..errors import ConfigError
 from ..tiers.base import SecondaryTier
 from ..tiers.primary import PrimaryTier
 
-__all__ = ["EngineOptions", "WritePolicy", "build_core", "engine_options"]
+__all__ = ["EngineArgs", "EngineOptions", "WritePolicy", "build_core", "engine_options"]
 
 WritePolicy = Literal["write_back", "write_through", "none"]
 _WRITE_POLICIES: Final = ("write_back", "write_through", "none")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EngineOptions:
-    """``TieringEngine``'s arguments after checking, with their defaults filled in."""
+    """The options of :class:`~aiotier.TieringEngine`, checked when built.
 
-    tiers: tuple[SecondaryTier, ...]
+    Attributes:
+        write_policy: ``"write_back"`` (a block goes down a tier when evicted from the one
+            above), ``"write_through"`` (stored to every tier at once) or ``"none"``.
+        promotion_timeout: Seconds a promotion read (and a RETRY for it) may take before the
+            key answers MISS.
+        max_inflight_promotions: Promotion reads in flight at once.
+        backoff_seconds: After a failed read, seconds a tier is not asked for that key.
+        io_timeout: Seconds each tier call may take; None: ``promotion_timeout``.
+        pin_steps: Steps a RETRY pin holds a promoted block for its request.
+        step_interval: Seconds between automatic ``end_step`` calls; None: the caller steps.
+        max_pending_write_bytes: Bytes queued for the tiers' writers before blocks are
+            dropped; None: the primary arena's size, at least 64 MiB.
+        open_timeout: Seconds a tier's ``open`` may take (it may rebuild an index).
+        immutable_keys: Keys name their content (a hash of the bytes, as vLLM's prefix-cache
+            block hashes): a put or store of a key never changes its bytes, so copies below
+            stay valid.
+        admission: Tier name -> its admission policy (tiers not named admit every block).
+        max_promotion_share: At most this share of the primary's slots (rounded up) holds
+            promoted blocks that no request has loaded yet: the rest stays free for stores.
+        breaker: Each secondary tier's circuit (None: none); while open the engine does not
+            call the tier.
+    """
+
+    write_policy: WritePolicy = "write_back"
+    promotion_timeout: float = 5.0
+    max_inflight_promotions: int = 64
+    backoff_seconds: float = 1.0
+    io_timeout: float | None = None
+    pin_steps: int = 16
+    step_interval: float | None = None
+    max_pending_write_bytes: int | None = None
+    open_timeout: float = 300.0
+    immutable_keys: bool = False
+    admission: Mapping[str, AdmissionPolicy] | None = None
+    max_promotion_share: float = 0.9
+    breaker: BreakerPolicy | None = BreakerPolicy()  # noqa: RUF009 - frozen, shared safely
+
+    def __post_init__(self) -> None:
+        if self.write_policy not in _WRITE_POLICIES:
+            raise ConfigError(
+                f"write_policy must be one of {', '.join(_WRITE_POLICIES)}, "
+                f"got {self.write_policy!r}"
+            )
+        positive = ["promotion_timeout", "backoff_seconds", "open_timeout", "max_promotion_share"]
+        positive += [f for f in ("io_timeout", "step_interval") if getattr(self, f) is not None]
+        for name in positive:
+            object.__setattr__(self, name, check_positive(name, getattr(self, name)))
+        if self.max_promotion_share > 1:
+            raise ConfigError(
+                f"max_promotion_share must be at most 1, got {self.max_promotion_share!r}"
+            )
+        check_int("max_inflight_promotions", self.max_inflight_promotions)
+        check_int("pin_steps", self.pin_steps)
+        if self.max_pending_write_bytes is not None:
+            check_int("max_pending_write_bytes", self.max_pending_write_bytes)
+        check_bool("immutable_keys", self.immutable_keys)
+        if self.breaker is not None and not isinstance(self.breaker, BreakerPolicy):
+            raise TypeError(f"breaker must be a BreakerPolicy or None, got {self.breaker!r}")
+        object.__setattr__(self, "admission", _check_admission(self.admission))
+
+    @property
+    def tier_timeout(self) -> float:
+        """Seconds each tier call may take: ``io_timeout``, else ``promotion_timeout``."""
+        return self.io_timeout if self.io_timeout is not None else self.promotion_timeout
+
+    def pending_write_bytes(self, primary: PrimaryTier) -> int:
+        """``max_pending_write_bytes``, else the primary arena's size (at least 64 MiB)."""
+        if self.max_pending_write_bytes is not None:
+            return self.max_pending_write_bytes
+        return max(primary.arena.nbytes, 64 << 20)
+
+
+class EngineArgs(TypedDict, total=False):
+    """:class:`EngineOptions` as keyword arguments (``TieringEngine(primary, tiers, **args)``)."""
+
     write_policy: WritePolicy
     promotion_timeout: float
     max_inflight_promotions: int
     backoff_seconds: float
-    io_timeout: float
+    io_timeout: float | None
     pin_steps: int
     step_interval: float | None
-    max_pending_write_bytes: int
+    max_pending_write_bytes: int | None
     open_timeout: float
     immutable_keys: bool
-    admission: dict[str, AdmissionPolicy]
+    admission: Mapping[str, AdmissionPolicy] | None
     max_promotion_share: float
     breaker: BreakerPolicy | None
 
 
+OPTION_NAMES: Final = frozenset(f.name for f in fields(EngineOptions))
+
+
 def engine_options(
-    primary: PrimaryTier,
-    secondary: Sequence[SecondaryTier],
-    *,
-    write_policy: WritePolicy,
-    promotion_timeout: float,
-    max_inflight_promotions: int,
-    backoff_seconds: float,
-    io_timeout: float | None,
-    pin_steps: int,
-    step_interval: float | None,
-    max_pending_write_bytes: int | None,
-    open_timeout: float,
-    immutable_keys: bool,
-    admission: Mapping[str, AdmissionPolicy] | None,
-    max_promotion_share: float,
-    breaker: BreakerPolicy | None,
-) -> EngineOptions:
+    primary: PrimaryTier, secondary: Sequence[SecondaryTier], options: Mapping[str, Any]
+) -> tuple[tuple[SecondaryTier, ...], EngineOptions]:
+    """The engine's tiers and options, checked: each error names the argument and the value."""
     if not isinstance(primary, PrimaryTier):
         raise TypeError(f"primary must be a PrimaryTier, got {type(primary).__name__}")
     if isinstance(secondary, SecondaryTier):
@@ -65,6 +134,11 @@ def engine_options(
             f"secondary must be a sequence of tiers, e.g. [{type(secondary).__name__}(...)]; "
             f"got one {type(secondary).__name__}"
         )
+    for name in options:
+        if name not in OPTION_NAMES:
+            near = difflib.get_close_matches(name, OPTION_NAMES, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise TypeError(f"TieringEngine got an unknown option {name!r}{hint}")
     tiers = tuple(secondary)
     names = [primary.name]
     for t in tiers:
@@ -73,49 +147,15 @@ def engine_options(
         if t.name in names:
             raise ConfigError(f"tier name {t.name!r} is used twice; give each tier a name")
         names.append(t.name)
-    if write_policy not in _WRITE_POLICIES:
-        raise ConfigError(
-            f"write_policy must be one of {', '.join(_WRITE_POLICIES)}, got {write_policy!r}"
-        )
-    check_positive("promotion_timeout", promotion_timeout)
-    check_positive("backoff_seconds", backoff_seconds)
-    if io_timeout is not None:
-        check_positive("io_timeout", io_timeout)
-    if step_interval is not None:
-        check_positive("step_interval", step_interval)
-    check_positive("open_timeout", open_timeout)
-    if not isinstance(immutable_keys, bool):
-        raise ConfigError(f"immutable_keys must be a bool, got {immutable_keys!r}")
-    if max_pending_write_bytes is None:
-        max_pending_write_bytes = max(primary.arena.nbytes, 64 << 20)
-    check_int("max_inflight_promotions", max_inflight_promotions)
-    check_int("pin_steps", pin_steps)
-    check_int("max_pending_write_bytes", max_pending_write_bytes)
-    check_positive("max_promotion_share", max_promotion_share)
-    if max_promotion_share > 1:
-        raise ConfigError(f"max_promotion_share must be at most 1, got {max_promotion_share!r}")
-    if breaker is not None and not isinstance(breaker, BreakerPolicy):
-        raise TypeError(f"breaker must be a BreakerPolicy or None, got {breaker!r}")
-    return EngineOptions(
-        tiers=tiers,
-        write_policy=write_policy,
-        promotion_timeout=float(promotion_timeout),
-        max_inflight_promotions=max_inflight_promotions,
-        backoff_seconds=float(backoff_seconds),
-        io_timeout=float(io_timeout if io_timeout is not None else promotion_timeout),
-        pin_steps=pin_steps,
-        step_interval=step_interval,
-        max_pending_write_bytes=max_pending_write_bytes,
-        open_timeout=float(open_timeout),
-        immutable_keys=immutable_keys,
-        admission=_check_admission(admission, names),
-        max_promotion_share=float(max_promotion_share),
-        breaker=breaker,
-    )
+    o = EngineOptions(**options)
+    for name in o.admission or {}:
+        if name not in names:
+            raise ConfigError(f"admission names tier {name!r}; the tiers are {', '.join(names)}")
+    return tiers, o
 
 
 def _check_admission(
-    admission: Mapping[str, AdmissionPolicy] | None, names: list[str]
+    admission: Mapping[str, AdmissionPolicy] | None,
 ) -> dict[str, AdmissionPolicy]:
     if admission is None:
         return {}
@@ -123,22 +163,24 @@ def _check_admission(
         raise TypeError(
             f"admission must map tier names to policies, got {type(admission).__name__}"
         )
-    out = dict(admission)
-    for name, policy in out.items():
-        if name not in names:
-            raise ConfigError(f"admission names tier {name!r}; the tiers are {', '.join(names)}")
+    for name, policy in admission.items():
         if not isinstance(policy, AdmissionPolicy):
             raise TypeError(
                 f"admission[{name!r}] must be an AdmissionPolicy (AdmitAll, AdmitAfter, "
                 f"AdmitTinyLFU), got {type(policy).__name__}"
             )
-    return out
+    return dict(admission)
 
 
-def build_core(primary: PrimaryTier, o: EngineOptions, notify: Callable[[int], None]) -> EngineCore:
-    """The engine's synchronous core over ``primary`` and the tiers of ``o``; ``notify(ti)``
-    wakes tier ``ti``'s writer when the core queues work for it."""
-    tiers = o.tiers
+def build_core(
+    primary: PrimaryTier,
+    tiers: Sequence[SecondaryTier],
+    o: EngineOptions,
+    notify: Callable[[int], None],
+) -> EngineCore:
+    """The engine's synchronous core over ``primary`` and ``tiers``; ``notify(ti)`` wakes tier
+    ``ti``'s writer when the core queues work for it."""
+    admission = o.admission or {}
     return EngineCore(
         primary.arena,
         primary.table,
@@ -152,10 +194,10 @@ def build_core(primary: PrimaryTier, o: EngineOptions, notify: Callable[[int], N
         pin_steps=o.pin_steps,
         max_inflight_promotions=o.max_inflight_promotions,
         max_promotion_share=o.max_promotion_share,
-        max_pending_write_bytes=o.max_pending_write_bytes,
+        max_pending_write_bytes=o.pending_write_bytes(primary),
         # bytes on their way down are copied into reused buffers unless the tier keeps them
         stage_demotions=bool(tiers) and not tiers[0].keeps_written_bytes,
-        primary_admission=o.admission.get(primary.name),
-        tier_admission=[o.admission.get(t.name) for t in tiers],
+        primary_admission=admission.get(primary.name),
+        tier_admission=[admission.get(t.name) for t in tiers],
         notify=notify,
     )

@@ -32,6 +32,7 @@ from functools import partial
 from typing import Any, Final
 
 from .._types import LookupResult
+from .._validate import check_bool, check_int, check_positive
 from ..errors import BlockCorruptedError, ConfigError, TieringError
 from ._batches import LastWrites
 from ._late_writes import LateWriteGuard
@@ -110,7 +111,7 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
             bucket=bucket, prefix=prefix, endpoint_url=endpoint_url,
             max_concurrency=max_concurrency, failure_threshold=failure_threshold,
             recent_ttl=recent_ttl, recent_capacity=recent_capacity,
-            lookahead_bytes=lookahead_bytes,
+            lookahead_bytes=lookahead_bytes, immutable_keys=immutable_keys,
             positive={"timeout": timeout, "connect_timeout": connect_timeout,
                       "probe_interval": probe_interval, "retry_base": retry_base,
                       "retry_cap": retry_cap, "lookahead_ttl": lookahead_ttl},
@@ -528,34 +529,30 @@ def _check_arguments(
     prefix: object,
     endpoint_url: object,
     max_concurrency: object,
-    failure_threshold: int,
-    recent_ttl: float,
-    recent_capacity: int,
+    failure_threshold: object,
+    recent_ttl: object,
+    recent_capacity: object,
     lookahead_bytes: object,
-    positive: dict[str, float],
+    immutable_keys: object,
+    positive: dict[str, object],
 ) -> None:
-    """Raise :class:`ConfigError` naming the first bad argument of :class:`ObjectStoreTier`."""
+    """Raise naming the first bad argument of :class:`ObjectStoreTier` (``aiotier._validate``)."""
     if not isinstance(bucket, str) or not bucket or "/" in bucket:
-        raise ConfigError(f"ObjectStoreTier bucket must be a bucket name, got {bucket!r}")
+        raise ConfigError(f"bucket must be a bucket name, got {bucket!r}")
     _check_prefix(prefix)
     if endpoint_url is not None and (
         not isinstance(endpoint_url, str)
         or not endpoint_url.lower().startswith(("http://", "https://"))
     ):
-        raise ConfigError(
-            f"ObjectStoreTier endpoint_url must be an http:// or https:// URL: {endpoint_url!r}"
-        )
-    if not isinstance(max_concurrency, int) or max_concurrency < 1:
-        raise ConfigError(f"max_concurrency must be an int >= 1, got {max_concurrency!r}")
+        raise ConfigError(f"endpoint_url must be an http:// or https:// URL, got {endpoint_url!r}")
+    check_int("max_concurrency", max_concurrency)
     for label, value in positive.items():
-        if not value > 0:
-            raise ConfigError(f"ObjectStoreTier {label} must be positive, got {value!r}")
-    if failure_threshold < 1:
-        raise ConfigError(f"failure_threshold must be >= 1, got {failure_threshold!r}")
-    if recent_ttl < 0 or recent_capacity < 0:
-        raise ConfigError("recent_ttl and recent_capacity must not be negative")
-    if not isinstance(lookahead_bytes, int) or lookahead_bytes < 0:
-        raise ConfigError(f"lookahead_bytes must be an int >= 0, got {lookahead_bytes!r}")
+        check_positive(label, value)
+    check_int("failure_threshold", failure_threshold)
+    check_positive("recent_ttl", recent_ttl, allow_zero=True)
+    check_int("recent_capacity", recent_capacity, minimum=0)
+    check_int("lookahead_bytes", lookahead_bytes, minimum=0)
+    check_bool("immutable_keys", immutable_keys)
 
 
 def _is_block_name(name: str, prefix: str) -> bool:
@@ -572,7 +569,7 @@ def _check_prefix(prefix: object) -> None:
     """A prefix is empty or ``/``-separated non-empty segments ending in ``/``, of characters
     that need no escaping in any S3 implementation."""
     if not isinstance(prefix, str):
-        raise ConfigError(f"ObjectStoreTier prefix must be a str, got {prefix!r}")
+        raise ConfigError(f"prefix must be a str, got {prefix!r}")
     if prefix == "":
         return
     segments = prefix.split("/")

@@ -33,6 +33,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from .._types import LookupResult
+from .._validate import check_bool, check_int, check_positive, check_str
 from ..errors import (
     BlockCorruptedError,
     ConfigError,
@@ -165,27 +166,21 @@ class RedisTier(GuardedTier, SecondaryTier):
         super().__init__(name)
         schemes = ("redis://", "rediss://", "unix://")
         if not isinstance(url, str) or not url.lower().startswith(schemes):
-            raise ConfigError(
-                f"RedisTier url must be a redis://, rediss:// or unix:// URL: {url!r}"
-            )
-        if not isinstance(namespace, str) or not namespace:
-            raise ConfigError(f"RedisTier namespace must be a non-empty str, got {namespace!r}")
-        if ttl is not None and not ttl > 0:
-            raise ConfigError(f"RedisTier ttl must be a positive number of seconds, got {ttl!r}")
+            raise ConfigError(f"url must be a redis://, rediss:// or unix:// URL, got {url!r}")
+        check_str("namespace", namespace)
+        if ttl is not None:
+            check_positive("ttl", ttl)
         if protocol not in (None, 2, 3):
-            raise ConfigError(f"RedisTier protocol must be 2, 3 or None, got {protocol!r}")
-        if not timeout > 0:
-            raise ConfigError(f"RedisTier timeout must be positive, got {timeout!r}")
-        if failure_threshold < 1:
-            raise ConfigError(f"failure_threshold must be >= 1, got {failure_threshold!r}")
-        if not probe_interval > 0:
-            raise ConfigError(f"probe_interval must be positive, got {probe_interval!r}")
-        if not isinstance(read_streams, int) or read_streams < 1:
-            raise ConfigError(f"read_streams must be an int >= 1, got {read_streams!r}")
-        if not isinstance(max_read_connections, int) or max_read_connections < 1:
-            raise ConfigError(
-                f"max_read_connections must be an int >= 1, got {max_read_connections!r}"
-            )
+            raise ConfigError(f"protocol must be 2, 3 or None, got {protocol!r}")
+        check_positive("timeout", timeout)
+        if connect_timeout is not None:
+            check_positive("connect_timeout", connect_timeout)
+        check_int("failure_threshold", failure_threshold)
+        check_positive("probe_interval", probe_interval)
+        check_int("read_streams", read_streams)
+        check_int("max_read_connections", max_read_connections)
+        check_bool("cluster", cluster)
+        check_bool("fast_reads", fast_reads)
         self._redis, self._exc = _import_redis()
         self.url = url
         self.namespace = namespace

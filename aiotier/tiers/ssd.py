@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from .._types import LookupResult, normalize_key
+from .._validate import check_bool, check_int
 from ..errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
 from ._ssd.checkpoint import write_checkpoint
 from ._ssd.directory import SlotFiles, open_directory
@@ -82,19 +83,16 @@ class SSDTier(SecondaryTier):
         block_size: int | None = None,
     ) -> None:
         super().__init__(name)
-        if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int):
-            raise ConfigError(f"capacity_bytes must be an int, got {capacity_bytes!r}")
-        if capacity_bytes <= 0:
-            raise ConfigError(f"capacity_bytes must be positive, got {capacity_bytes}")
+        check_int("capacity_bytes", capacity_bytes)
         if io_threads is None:
             io_threads = _default_io_threads()
-        if not isinstance(io_threads, int) or isinstance(io_threads, bool) or io_threads < 1:
-            raise ConfigError(f"io_threads must be a positive int, got {io_threads!r}")
+        check_int("io_threads", io_threads)
+        check_bool("fsync", fsync)
         if block_size is not None:
-            _check_block_size(block_size)
+            check_int("block_size", block_size)
         #: The tier's directory; made absolute by :meth:`open` (``abspath`` may ask the OS).
         self.path: str = os.fspath(path)
-        self.fsync = bool(fsync)
+        self.fsync = fsync
         self.io_threads = io_threads
         self.capacity_bytes = capacity_bytes
         #: The largest block the slots hold: from the engine, the argument or the directory.
@@ -129,7 +127,7 @@ class SSDTier(SecondaryTier):
 
     def configure_block_size(self, block_size: int) -> None:
         """The engine's block size (called before :meth:`open`); slots are sized for it."""
-        _check_block_size(block_size)
+        check_int("block_size", block_size)
         if self.block_size is not None and self.block_size != block_size:
             raise ConfigError(
                 f"ssd tier {self.name!r} at {self.path!r} holds blocks of {self.block_size} "
@@ -535,11 +533,6 @@ class SSDTier(SecondaryTier):
 def _sync_files(fds: list[int]) -> None:
     for fd in fds:
         os.fdatasync(fd)
-
-
-def _check_block_size(block_size: object) -> None:
-    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:
-        raise ConfigError(f"block_size must be a positive int, got {block_size!r}")
 
 
 def _unavailable(message: str, cause: OSError) -> TierUnavailableError:

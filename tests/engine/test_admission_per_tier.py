@@ -104,7 +104,7 @@ async def test_a_write_kept_out_leaves_no_older_copy_to_serve() -> None:
 
 async def test_admit_all_counts_every_block_in() -> None:
     async with TieringEngine(PrimaryTier(4, 16), [MemoryTier(1 << 20)]) as e:
-        assert e.admission == {}
+        assert e.options.admission == {}
         out = e.prepare_store(["a", "b"])
         assert out is not None
         e.complete_store(["a", "b"])
