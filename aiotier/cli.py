@@ -1,4 +1,4 @@
-"""The ``aiotier`` command: ``demo``, ``bench`` and ``inspect``."""
+"""The ``aiotier`` command: ``demo``, ``bench`` and ``inspect`` (``aiotier --help``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["main", "print_summary"]
+__all__ = ["build_parser", "main", "print_summary"]
 
 _T = TypeVar("_T")
 
@@ -326,15 +326,37 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+_DESCRIPTION = (
+    "aiotier: an asyncio-native tiering engine for blocks of bytes. "
+    'Run "aiotier COMMAND --help" for a command\'s options.'
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: every option has a help text (a test checks)."""
+    from . import __version__
     from .bench import CASE_NAMES
 
-    ap = argparse.ArgumentParser(prog="aiotier", description=__doc__)
-    sub = ap.add_subparsers(dest="command", required=True)
+    ap = argparse.ArgumentParser(
+        prog="aiotier",
+        description=_DESCRIPTION,
+    )
+    ap.add_argument(
+        "--version", action="version", version=f"aiotier {__version__}",
+        help="print the installed version and exit",
+    )  # fmt: skip
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = sub.add_parser("demo", help="simulate an inference scheduler over the default tiers")
+    demo = sub.add_parser(
+        "demo", help="simulate an inference scheduler over the default tiers",
+        description="Simulate an inference scheduler (lookups, loads, stores, steps) over a "
+        "primary arena, a memory tier and an SSD tier in a temporary directory, then print "
+        "what each tier served.",
+    )  # fmt: skip
     demo.add_argument("--steps", type=int, help="steps of the quick tour (default 200)")
-    demo.add_argument("--requests", type=int, help="requests spread over the steps (1200)")
+    demo.add_argument(
+        "--requests", type=int, help="requests spread over the steps (default 1200)"
+    )
     demo.add_argument(
         "--duration", type=float, metavar="SECONDS",
         help="run a steady load for this long instead of a number of steps",
@@ -347,9 +369,17 @@ def main(argv: list[str] | None = None) -> int:
         "--loop", choices=("asyncio", "uvloop"), default="asyncio",
         help="the event loop to run on (uvloop: pip install 'aiotier[uvloop]')",
     )  # fmt: skip
-    demo.add_argument("--primary-mib", type=int)
-    demo.add_argument("--ssd-dir")
-    demo.add_argument("--redis", dest="redis_url", metavar="URL")
+    demo.add_argument(
+        "--primary-mib", type=int, metavar="MIB", help="size of the primary arena (default 24)"
+    )
+    demo.add_argument(
+        "--ssd-dir", metavar="DIR",
+        help="the SSD tier's directory, kept afterwards (default: a temporary one, removed)",
+    )  # fmt: skip
+    demo.add_argument(
+        "--redis", dest="redis_url", metavar="URL",
+        help="add a Redis tier: redis://HOST:PORT/DB (pip install 'aiotier[redis]')",
+    )  # fmt: skip
     demo.add_argument(
         "--s3", dest="s3_url", metavar="URL",
         help="add an object store tier: s3://BUCKET/PREFIX/ or http://HOST:PORT/BUCKET/PREFIX/",
@@ -359,15 +389,26 @@ def main(argv: list[str] | None = None) -> int:
         help="serve /metrics, /healthz and /readyz on 127.0.0.1:PORT; without --steps, "
         "--requests or --duration the demo then runs a steady load until Ctrl-C",
     )  # fmt: skip
-    demo.add_argument("--json", metavar="FILE")
-    demo.add_argument("--config", metavar="FILE", help="a TOML file with a [demo] table")
+    demo.add_argument("--json", metavar="FILE", help="also write the summary to FILE as JSON")
+    demo.add_argument(
+        "--config", metavar="FILE",
+        help="a TOML file with [demo] (these settings) and [engine] (the engine's options)",
+    )  # fmt: skip
     demo.set_defaults(fn=_demo)
 
-    bench = sub.add_parser("bench", help="run the benchmark suite")
+    bench = sub.add_parser(
+        "bench", help="run the benchmark suite",
+        description="Run the benchmark suite: each case against a floor and a peer library, "
+        "medians and ratios.",
+    )  # fmt: skip
     bench.add_argument("--quick", action="store_true", help="a small version, under a minute")
-    bench.add_argument("--json", metavar="FILE")
-    bench.add_argument("--plot", metavar="FILE.png")
-    bench.add_argument("--only", help="comma-separated groups: core,ssd,redis,s3,cache")
+    bench.add_argument("--json", metavar="FILE", help="write every case's figures to FILE")
+    bench.add_argument(
+        "--plot", metavar="FILE.png", help="draw the ratios to FILE.png (needs matplotlib)"
+    )
+    bench.add_argument(
+        "--only", metavar="GROUPS", help="comma-separated groups: core,ssd,redis,s3,cache"
+    )
     bench.add_argument(
         "--case", action="append", choices=CASE_NAMES, metavar="NAME",
         help=f"run only this case (repeatable; with --only, both sets): {', '.join(CASE_NAMES)}",
@@ -375,12 +416,18 @@ def main(argv: list[str] | None = None) -> int:
     bench.set_defaults(fn=_bench)
 
     inspect = sub.add_parser(
-        "inspect", help="summarise an SSD tier directory, format 2 (read-only)"
-    )
-    inspect.add_argument("path")
-    inspect.add_argument("--json", action="store_true")
+        "inspect", help="summarise an SSD tier directory, format 2 (read-only)",
+        description="Summarise an SSD tier directory without changing it: geometry, blocks, "
+        "free slots and how its last start went.",
+    )  # fmt: skip
+    inspect.add_argument("path", help="the SSD tier's directory")
+    inspect.add_argument("--json", action="store_true", help="print one JSON object")
     inspect.set_defaults(fn=_inspect)
+    return ap
 
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     from .errors import TieringError
 

@@ -124,19 +124,19 @@ async def _tiers(cfg: DemoConfig) -> AsyncIterator[list[SecondaryTier]]:
     ssd_dir = cfg.ssd_dir
     if ssd_dir is None:
         tmp = ssd_dir = tempfile.mkdtemp(prefix="aiotier-demo-")
-    tiers: list[SecondaryTier] = [
-        MemoryTier(cfg.memory_mib << 20),
-        SSDTier(ssd_dir, cfg.ssd_mib << 20),
-    ]
-    if cfg.redis_url:
-        from .tiers.redis import RedisTier
+    try:  # a tier refused here (a bad URL, an extra missing) leaves no temporary directory
+        tiers: list[SecondaryTier] = [
+            MemoryTier(cfg.memory_mib << 20),
+            SSDTier(ssd_dir, cfg.ssd_mib << 20),
+        ]
+        if cfg.redis_url:
+            from .tiers.redis import RedisTier
 
-        tiers.append(RedisTier(cfg.redis_url, namespace="aiotier-demo"))
-    if cfg.s3_url:
-        from .tiers.objectstore import ObjectStoreTier
+            tiers.append(RedisTier(cfg.redis_url, namespace="aiotier-demo"))
+        if cfg.s3_url:
+            from .tiers.objectstore import ObjectStoreTier
 
-        tiers.append(ObjectStoreTier.from_url(cfg.s3_url, prefix="aiotier-demo/"))
-    try:
+            tiers.append(ObjectStoreTier.from_url(cfg.s3_url, prefix="aiotier-demo/"))
         yield tiers
     finally:
         if tmp is not None:

@@ -130,3 +130,53 @@ def test_cli_errors_are_clear(argv: list[str]) -> None:
     out = run("-m", "aiotier", *argv)
     assert out.returncode != 0
     assert "Traceback" not in out.stderr
+
+
+def test_version_is_the_installed_one() -> None:
+    import aiotier
+
+    out = run("-m", "aiotier", "--version")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"aiotier {aiotier.__version__}"
+
+
+def test_help_is_plain_text_and_explains_every_option() -> None:
+    import argparse
+
+    from aiotier.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, p in [("aiotier", parser), *sub.choices.items()]:
+        unexplained = [a.dest for a in p._actions if not a.help and a is not sub]
+        assert not unexplained, f"{name}: options without a help text: {unexplained}"
+        text = p.format_help()
+        assert "``" not in text and ":class:" not in text, text
+
+
+def test_demo_config_applies_the_engine_table_and_refuses_tiers(tmp_path: Path) -> None:
+    config = tmp_path / "demo.toml"
+    config.write_text('[engine.admission]\nmemory = "after:1000000"\n')
+    report = tmp_path / "demo.json"
+    out = run("-m", "aiotier", "demo", "--steps", "20", "--requests", "200", "--primary-mib",
+              "1", "--config", str(config), "--json", str(report))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    tiers = json.loads(report.read_text())["tiers"]
+    assert tiers["memory"]["written_mib"] == 0 < tiers["primary"]["evictions"]  # none admitted
+
+    config.write_text("[engine]\npromotion_timeout = -1\n")
+    out = run("-m", "aiotier", "demo", "--config", str(config))
+    assert out.returncode == 2 and "promotion_timeout must be > 0" in out.stderr
+    config.write_text('[[tiers]]\ntype = "memory"\ncapacity_bytes = 1024\n')
+    out = run("-m", "aiotier", "demo", "--config", str(config))
+    assert out.returncode == 2 and "the demo builds its own primary and tiers" in out.stderr
+
+
+def test_a_failed_demo_leaves_no_temporary_directory(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "aiotier", "demo", "--s3", "http://127.0.0.1:1/"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )  # fmt: skip
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert list(tmp_path.iterdir()) == []

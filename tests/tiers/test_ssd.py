@@ -834,7 +834,7 @@ async def test_foreign_non_empty_directory_is_refused(tmp_path: Path) -> None:
     (tmp_path / "home" / "thesis.tex").write_text("precious")
     with pytest.raises(ConfigError, match="not empty"):
         await SSDTier(tmp_path / "home", MiB, block_size=4096).open()
-    assert (tmp_path / "home" / "thesis.tex").exists()
+    assert sorted(p.name for p in (tmp_path / "home").iterdir()) == ["thesis.tex"]  # no lock
 
 
 async def test_a_format_1_directory_is_refused_with_what_to_do(root: Path) -> None:

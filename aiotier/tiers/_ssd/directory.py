@@ -259,6 +259,7 @@ def open_directory(
     if os.path.lexists(root) and not os.path.isdir(root):
         raise ConfigError(f"{where}: path exists and is not a directory")
     made_root = _make_root(root, where)
+    made_lock = not os.path.lexists(os.path.join(root, LOCK_NAME))
     lock_fd = _lock(root, where)
     files: SlotFiles | None = None
     new = wrote_marker = False
@@ -295,7 +296,7 @@ def open_directory(
         # directory it did not make keeps any file it did not write)
         if wrote_marker:
             unlink_quiet(os.path.join(root, MARKER_NAME))
-        if wrote_marker or made_root:
+        if wrote_marker or made_root or made_lock:
             unlink_quiet(os.path.join(root, LOCK_NAME))
         if made_root:
             with contextlib.suppress(OSError):
