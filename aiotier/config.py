@@ -1,46 +1,9 @@
 """Build an engine from a mapping, a TOML file or ``AIOTIER_*`` environment variables.
 
-The shape (TOML shown; a dict of the same shape works)::
-
-    [engine]
-    write_policy = "write_back"
-    promotion_timeout = 5.0
-
-    [engine.admission]          # per tier: "all" (the default), "after:N" or "tinylfu"
-    ssd = "after:2"
-
-    [engine.breaker]            # the circuit breaker per tier (these are the defaults);
-    failure_threshold = 5       # breaker = false turns it off
-    cooldown = 1.0
-
-    [primary]
-    num_blocks = 512
-    block_size = 65536
-    policy = "lru"
-
-    [[tiers]]
-    type = "memory"
-    capacity_bytes = 1073741824
-
-    [[tiers]]
-    type = "ssd"
-    path = "/var/cache/aiotier"
-    capacity_bytes = 107374182400
-
-    [[tiers]]
-    type = "redis"
-    url = "redis://cache:6379/0"
-    namespace = "model-a"
-
-    [[tiers]]
-    type = "s3"                  # ObjectStoreTier; credentials from AWS_* variables
-    bucket = "kv-cache"
-    prefix = "model-a/"
-    endpoint_url = "http://127.0.0.1:8333"   # omit for AWS
-
-Every error names the field that was wrong, e.g. ``tiers[1].capacity_bytes``. In the
-environment, ``AIOTIER_ENGINE_ADMISSION="ssd=after:2,primary=tinylfu"`` gives the admission table
-and ``AIOTIER_ENGINE_BREAKER="failure_threshold=3,cooldown=2"`` (or ``off``) the breaker.
+The fields of each section are the parameters of the constructor it feeds (:func:`config_fields`
+derives them; :data:`EXCLUDED` lists, with the reason, what a file cannot give). The file's shape,
+the environment's names and every field: ``docs/operations.md``, "Configuration from a file or
+the environment".
 """
 
 from __future__ import annotations

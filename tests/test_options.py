@@ -153,3 +153,17 @@ def test_constructor_checks_name_the_parameter(
 def test_an_unknown_engine_option_is_named_with_a_suggestion() -> None:
     with pytest.raises(TypeError, match="unknown option 'promotion_timout'; did you mean"):
         TieringEngine(PrimaryTier(4, 64), promotion_timout=1.0)  # type: ignore[call-arg]
+
+
+def test_the_documented_config_file_builds_its_engine() -> None:
+    import re
+    import tomllib
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+    section = page.split("## Configuration from a file", 1)[1]
+    (toml,) = re.findall(r"```toml\n(.*?)```", section.split("\n## ", 1)[0], re.S)
+    engine = engine_from_config(tomllib.loads(toml))
+    assert [type(t).__name__ for t in engine.tiers] == [
+        "MemoryTier", "SSDTier", "RedisTier", "ObjectStoreTier",
+    ]  # fmt: skip
+    assert engine.options.breaker is not None and engine.options.breaker.failure_threshold == 5

@@ -1,32 +1,6 @@
 """``ssd_promote`` / ``ssd_demote`` / ``ssd_open``: the SSD tier against a floor and peers.
 
-``ssd_promote`` moves N blocks from an :class:`~aiotier.tiers.SSDTier` into the primary arena,
-requested as a scheduler does (``lookup_prefix`` of 64 keys, then ``wait``), every block
-verified. The floor is the simplest synchronous code moving the same bytes the same way: one
-``os.preadv`` per block of its slot's header and payload, from the already-open slot files
-into 64 slots of an arena like the engine's, no checks. The peers are ``diskcache.Cache.get``
-of the same values (each dropped at once; ``diskcache_into_slots``: each value copied into one
-of 64 reused arena slots, the engine's end state) and naive aiofiles (``aiofiles.open`` +
-``seek`` + ``read`` + close per block, 64 gathered at once). Warm and cold (pages dropped
-with ``posix_fadvise(DONTNEED)`` before each round of every contender). Two more figures bound
-what is possible:
-``sync_same_work`` (the tier's whole work — the same ``preadv`` and the slot check, one xxh3 —
-done synchronously) and ``same_work_all_cpus`` (that work split over one thread per CPU with
-the event loop idle: the machine's own ceiling for it).
-
-``ssd_demote`` writes N evicted blocks down: the engine's write-back (``put`` into a primary
-that holds 64 blocks, in steps of 64 puts with the loop free between them, then ``flush``), the
-backlog bound high enough that every evicted block is written (the figure is the bytes that
-reached the tier); floor: the same slot writes done synchronously (header encoded with its
-xxh3, payload then header ``pwritev``-ed into a preallocated file); peer:
-``diskcache.Cache.set``. ``sync_same_work`` does the engine's passes over memory synchronously:
-each put's copy into a 64-slot arena, the victim's copy out (write-back copies it before the
-slot is reused) and the floor's write of that copy; ``sync_without_victim_copy`` skips the copy
-out (the bound of a zero-copy demotion).
-
-``ssd_open``: ``SSDTier.open()`` over N blocks after a clean close (the checkpoint) and after a
-crash (no checkpoint: the header scan), in µs per block, and the checksum's cost. Rounds
-alternate contenders; figures are medians.
+What each case measures, its floors and its peers: ``docs/ssd.md``, "The benchmark cases".
 """
 
 from __future__ import annotations
