@@ -5,15 +5,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import json
-import os
-import platform
 import signal
 import sys
 from collections.abc import Coroutine
+from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
-__all__ = ["build_parser", "main", "print_summary"]
+__all__ = ["bench_suite", "build_parser", "main", "print_summary"]
 
 _T = TypeVar("_T")
 
@@ -166,131 +167,28 @@ def print_summary(console: Any, result: Any) -> None:
     )
 
 
-# extra figures worth a line of their own under a case in the printed summary
-_HEADLINE_EXTRAS = (
-    "python_calls_per_block", "aiotier_over_floor", "primary_hit_rate", "cpu_overhead",
-    "flush_share", "flush_cpu_ms_per_step", "sdk_calls_per_step", "with_recent_hints",
-    "with_recent_hints_over_floor",
-)  # fmt: skip
+def bench_suite(search: Path | None = None) -> ModuleType:
+    """The benchmark suite's runner, ``aiotier_bench.suite``: installed (``pip install
+    ./benchmarks``), else from the ``benchmarks/`` folder of the clone aiotier runs from (or
+    ``search``). It is not part of the ``aiotier`` package."""
+    try:
+        return importlib.import_module("aiotier_bench.suite")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("aiotier_bench", "aiotier_bench.suite"):
+            raise
+    folder = search or Path(__file__).resolve().parent.parent / "benchmarks"
+    if (folder / "aiotier_bench" / "suite.py").is_file():
+        sys.path.insert(0, str(folder))
+        return importlib.import_module("aiotier_bench.suite")
+    raise SystemExit(
+        "aiotier bench: the benchmark suite is not installed; it lives in the benchmarks/ "
+        "folder of aiotier's repository. In a clone, `pip install -e '.[bench]'` runs it from "
+        "there, or `pip install ./benchmarks` installs it (the aiotier-bench distribution)."
+    )
 
 
-def _selected_cases(args: argparse.Namespace) -> set[str]:
-    """The cases ``--case`` and ``--only`` name (every case when neither is given)."""
-    from .bench import CASE_GROUPS, CASE_NAMES
-
-    wanted: set[str] = set(args.case or ())
-    for group in (args.only or "").split(","):
-        group = group.strip()
-        if not group:
-            continue
-        if group not in CASE_GROUPS:
-            raise SystemExit(
-                f"aiotier bench: unknown group {group!r} (groups: {', '.join(CASE_GROUPS)})"
-            )
-        wanted.update(CASE_GROUPS[group])
-    if not wanted:
-        wanted = set(CASE_NAMES)
-    if "loop_lag" in wanted:  # derived from the ticker figures of the I/O cases
-        wanted |= {"ssd_promote", "redis_promote"}
-    return wanted
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from . import __version__
-    from .bench import CASE_GROUPS, core, ssd
-    from .bench import cache as cache_bench
-    from .bench import objectstore as object_bench
-    from .bench import redis as redis_bench
-    from .bench.common import Case
-
-    wanted = _selected_cases(args)
-
-    async def suite() -> list[Case]:
-        cases: list[Case] = []
-        core_cases = [n for n in CASE_GROUPS["core"] if n in wanted]
-        if core_cases:
-            print(f"running {', '.join(core_cases)}...", file=sys.stderr)
-            cases += await core.run(args.quick, core_cases)
-        ssd_cases = [n for n in CASE_GROUPS["ssd"] if n in wanted]
-        if ssd_cases:
-            print(f"running {', '.join(ssd_cases)}...", file=sys.stderr)
-            cases += await ssd.run(args.quick, cases=ssd_cases)
-        if "redis_promote" in wanted:
-            print("running redis_promote...", file=sys.stderr)
-            cases += await redis_bench.run_local(args.quick)
-        if "object_promote" in wanted:
-            print("running object_promote...", file=sys.stderr)
-            cases += await object_bench.run_local(args.quick)
-        cache_cases = tuple(n for n in CASE_GROUPS["cache"] if n in wanted)
-        if cache_cases:
-            print(f"running {', '.join(cache_cases)}...", file=sys.stderr)
-            cases += await cache_bench.run(args.quick, cache_cases)
-        return cases
-
-    cases = asyncio.run(suite())
-    cases += _loop_lag_cases(cases)
-    doc: dict[str, Any] = {
-        "aiotier_version": __version__,
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
-        "quick": bool(args.quick),
-        "cases": [c.to_json() for c in cases],
-    }
-    for c in doc["cases"]:
-        if c.get("skipped"):
-            print(f"{c['name']:18} skipped: {c['skipped']}")
-            continue
-        floor, peer = c["floor"], c["peer"]
-        print(
-            f"{c['name']:18} {c['aiotier']:10.4g} {c['unit']:11}"
-            f" floor {_num(floor and floor['value']):>8} (x{_num(c['ratio_to_floor'])})"
-            f"  peer {_num(peer and peer['value']):>8} (x{_num(c['ratio_to_peer'])})"
-        )
-        params = " ".join(f"{k}={v}" for k, v in c["params"].items() if k != "via")
-        print(f"{'':18} {params}")
-        extras = [f"{k}={_num(c[k])}" for k in _HEADLINE_EXTRAS if c.get(k) is not None]
-        if extras:
-            print(f"{'':18} {' '.join(extras)}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
-    if args.plot:
-        from .bench.plot import plot
-
-        try:
-            plot(doc, args.plot)
-        except ImportError as exc:
-            print(f"aiotier bench: no plot written: {exc}", file=sys.stderr)
-    return 0
-
-
-def _num(v: float | None) -> str:
-    return "-" if v is None else f"{v:.4g}"
-
-
-def _loop_lag_cases(cases: list[Any]) -> list[Any]:
-    """The ``loop_lag`` case of BENCHMARKS.md: the ticker's p99 during each I/O case, against
-    the same ticker with the loop idle (SSD) or during the floor's rounds (Redis)."""
-    from .bench.common import Case, Measure
-
-    out = []
-    for c in cases:
-        lag = c.extra.get("loop_lag_p99_ms")
-        if lag is None:
-            continue
-        base = c.extra.get("loop_lag_idle_p99_ms", c.extra.get("floor_loop_lag_p99_ms"))
-        name = "idle loop" if "loop_lag_idle_p99_ms" in c.extra else "during the floor's rounds"
-        out.append(
-            Case(
-                "loop_lag",
-                {"during": c.name, **{k: v for k, v in c.params.items() if k != "rounds"}},
-                "ms (p99)",
-                False,
-                lag,
-                floor=None if base is None else Measure(f"ticker p99, {name}", base),
-                extra={"max_ms": c.extra.get("loop_lag_max_ms")},
-            )
-        )
-    return out
+def _bench(argv: list[str]) -> int:
+    return int(bench_suite().main(argv, prog="aiotier bench"))
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -335,7 +233,6 @@ _DESCRIPTION = (
 def build_parser() -> argparse.ArgumentParser:
     """The command line: every option has a help text (a test checks)."""
     from . import __version__
-    from .bench import CASE_NAMES
 
     ap = argparse.ArgumentParser(
         prog="aiotier",
@@ -396,24 +293,10 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     demo.set_defaults(fn=_demo)
 
-    bench = sub.add_parser(
-        "bench", help="run the benchmark suite",
-        description="Run the benchmark suite: each case against a floor and a peer library, "
-        "medians and ratios.",
+    sub.add_parser(
+        "bench", help="run the benchmark suite (from a clone, or pip install ./benchmarks)",
+        add_help=False,  # its options, --help included, are the suite's own
     )  # fmt: skip
-    bench.add_argument("--quick", action="store_true", help="a small version, under a minute")
-    bench.add_argument("--json", metavar="FILE", help="write every case's figures to FILE")
-    bench.add_argument(
-        "--plot", metavar="FILE.png", help="draw the ratios to FILE.png (needs matplotlib)"
-    )
-    bench.add_argument(
-        "--only", metavar="GROUPS", help="comma-separated groups: core,ssd,redis,s3,cache"
-    )
-    bench.add_argument(
-        "--case", action="append", choices=CASE_NAMES, metavar="NAME",
-        help=f"run only this case (repeatable; with --only, both sets): {', '.join(CASE_NAMES)}",
-    )  # fmt: skip
-    bench.set_defaults(fn=_bench)
 
     inspect = sub.add_parser(
         "inspect", help="summarise an SSD tier directory, format 2 (read-only)",
@@ -428,11 +311,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
-    args = ap.parse_args(argv)
+    args, extra = ap.parse_known_args(argv)
+    if args.command != "bench" and extra:
+        ap.error(f"unrecognized arguments: {' '.join(extra)}")
     from .errors import TieringError
 
     try:
-        return int(args.fn(args))
+        return _bench(extra) if args.command == "bench" else int(args.fn(args))
     except (TieringError, OSError, ImportError) as exc:  # ImportError: an extra is missing
         print(f"aiotier {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -35,12 +35,15 @@ def render(doc: dict[str, Any]) -> str:
         "Reproduce:",
         "",
         "```bash",
-        "pip install -e '.[bench]'",
+        "pip install -e '.[bench]'          # in a clone: aiotier bench runs benchmarks/",
         "aiotier bench --json benchmarks/latest.json --plot docs/benchmarks.png",
         "python benchmarks/render.py benchmarks/latest.json > docs/benchmarks.md",
         "```",
         "",
-        "`aiotier bench --quick` runs a small version in about a minute.",
+        "`aiotier bench --quick` runs a small version in about a minute. The suite is not part "
+        "of the `aiotier` package: it lives in the repository's `benchmarks/` folder, which "
+        "`aiotier bench` finds from a clone; elsewhere `pip install ./benchmarks` (from a "
+        "clone) installs it as the `aiotier-bench` distribution.",
         "",
         "![ratios per case](benchmarks.png)",
         "",
@@ -129,7 +132,7 @@ def _memory_promote_section(cases: list[dict[str, Any]]) -> list[str]:
         "µs of wall time per block promoted from a `MemoryTier` (4 KiB blocks, batches of 64 "
         "requested as `lookup_prefix` + `wait` + `end_step`), against the bare work per block "
         "(`dict.get`, a 4 KiB `memoryview` copy, a `dict` set). The bare protocol "
-        "(`aiotier.bench.bare`) makes the anonymous variant's calls keeping only the state any "
+        "(`aiotier_bench.bare`) makes the anonymous variant's calls keeping only the state any "
         "engine answering the SPEC's way must keep (index, slot states, pins, LRU, timers, the "
         "read as a task, per-step counts), over the same kind of tier: the ceiling of a Python "
         "engine on this loop and machine, in the same rounds. Python calls per block are "
@@ -157,7 +160,7 @@ def _memory_promote_section(cases: list[dict[str, Any]]) -> list[str]:
         measured = c["aiotier"] * batch
         out += [
             "",
-            f"Where an anonymous batch of {batch} goes (`aiotier.bench.phases`: the engine's calls "
+            f"Where an anonymous batch of {batch} goes (`aiotier_bench.phases`: the engine's calls "
             "into its core replayed with no await between them, minimum over the rounds, µs per "
             "batch); what the measured batch takes beyond their sum is the await side (the "
             "promotion task, timers, loop turns):",

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from aiotier.bench.servers import ACCESS_KEY, BUCKET, SECRET_KEY, SeaweedFS, find_weed
+from aiotier_bench.servers import ACCESS_KEY, BUCKET, SECRET_KEY, SeaweedFS, find_weed
 
 N = 64
 ROUNDS = 7

@@ -33,6 +33,6 @@ if [ -n "${CI:-}" ] && [ ! -x .venv/bin/weed ]; then
 fi
 
 .venv/bin/ruff check .
-.venv/bin/mypy --strict aiotier
+.venv/bin/mypy --strict aiotier benchmarks/aiotier_bench
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
 .venv/bin/python -m pytest "$@"

@@ -73,12 +73,15 @@ def no_blocking_calls_in_the_event_loop() -> Iterator[None]:
     """Fail any test in which aiotier's own code blocks the event loop (file I/O, sleep, sockets).
 
     Only calls made from ``aiotier`` frames count (test code may use plain files and clients).
-    ``aiotier.bench.servers`` is test harness (starting and killing servers, synchronous by
+    The benchmark suite (``aiotier_bench``) counts as aiotier's code, except
+    ``aiotier_bench.servers``: test harness (starting and killing servers, synchronous by
     design), so it counts as test code.
     Thread locks are left out: the OpenTelemetry SDK takes short, uncontended locks when it
     records, which is CPU work, not I/O.
     """
-    with blockbuster_ctx(["aiotier"], excluded_modules=["aiotier.bench.servers"]) as bb:
+    with blockbuster_ctx(
+        ["aiotier", "aiotier_bench"], excluded_modules=["aiotier_bench.servers"]
+    ) as bb:
         for name in ("threading.Lock.acquire", "threading.Lock.acquire_lock"):
             bb.functions[name].deactivate()
         yield

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from aiotier.bench.servers import free_ports, reap
+from aiotier_bench.servers import free_ports, reap
 
 __all__ = [
     "RedisServer",

@@ -1,6 +1,6 @@
 """Real SeaweedFS servers for the object tier tests, started and stopped by the tests themselves.
 
-The server itself is :class:`aiotier.bench.servers.SeaweedFS` (``weed mini`` on loopback, free
+The server itself is :class:`aiotier_bench.servers.SeaweedFS` (``weed mini`` on loopback, free
 ports, a fresh data directory, telemetry off, identities of its own), shared with
 ``aiotier bench``. Where ``weed`` is missing the tests skip on a laptop (with the command that
 installs it) but fail in CI (``CI`` set), so object store coverage is never lost silently.
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from aiotier.bench.servers import (
+from aiotier_bench.servers import (
     ACCESS_KEY,
     BUCKET,
     READER_KEY,

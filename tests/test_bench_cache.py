@@ -3,7 +3,7 @@ the bench's job; loader calls are counts, so they are)."""
 
 from __future__ import annotations
 
-from aiotier.bench import cache
+from aiotier_bench import cache
 
 
 async def test_the_stampede_case_counts_one_loader_call_for_aiotier_and_reports_the_peers() -> None:

@@ -94,7 +94,7 @@ def test_bench_quick_writes_every_case(tmp_path: Path) -> None:
 
 
 def test_bench_case_names_match_the_suite() -> None:
-    from aiotier.bench import CASE_GROUPS, cache, core, ssd
+    from aiotier_bench import CASE_GROUPS, cache, core, ssd
 
     assert tuple(core.CASES) == CASE_GROUPS["core"]
     assert tuple(ssd.CASES) == CASE_GROUPS["ssd"]
@@ -144,10 +144,11 @@ def test_help_is_plain_text_and_explains_every_option() -> None:
     import argparse
 
     from aiotier.cli import build_parser
+    from aiotier_bench.suite import build_parser as bench_parser
 
     parser = build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    for name, p in [("aiotier", parser), *sub.choices.items()]:
+    for name, p in [("aiotier", parser), *sub.choices.items(), ("bench", bench_parser())]:
         unexplained = [a.dest for a in p._actions if not a.help and a is not sub]
         assert not unexplained, f"{name}: options without a help text: {unexplained}"
         text = p.format_help()
@@ -180,3 +181,19 @@ def test_a_failed_demo_leaves_no_temporary_directory(tmp_path: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_is_found_in_the_clone_and_says_how_to_install_it_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import aiotier
+    from aiotier.cli import bench_suite
+
+    assert not (Path(aiotier.__file__).parent / "bench").exists()  # not shipped in the package
+    out = run("-m", "aiotier", "bench", "--help")
+    assert out.returncode == 0 and "usage: aiotier bench" in out.stdout, out.stderr
+    assert "--case NAME" in out.stdout
+    for name in ("aiotier_bench", "aiotier_bench.suite"):
+        monkeypatch.setitem(sys.modules, name, None)  # neither installed...
+    with pytest.raises(SystemExit, match=r"pip install \./benchmarks"):
+        bench_suite(search=tmp_path)  # ...nor in this folder

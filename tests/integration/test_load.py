@@ -30,8 +30,8 @@ from pathlib import Path
 from helpers import aiotier_tasks
 
 from aiotier import BlockNotReadyError, PrimaryTier, RequestContext, SSDTier, TieringEngine
-from aiotier.bench.common import LoopLagTicker
 from aiotier.tiers._ssd.layout import Geometry
+from aiotier_bench.common import LoopLagTicker
 
 REQUESTS = int(os.environ.get("AIOTIER_TEST_LOAD_REQUESTS", "2000"))
 KEYS = int(os.environ.get("AIOTIER_TEST_LOAD_KEYS", "20000"))

@@ -143,7 +143,7 @@ async def test_engine_counters_are_totals_read_at_collection_and_outlive_their_e
 
 async def test_a_step_boundary_makes_no_sdk_call_for_counters() -> None:
     """The per-step export costs one ``record`` per histogram sample and nothing per counter."""
-    from aiotier.bench.counting import CountingMeterProvider
+    from aiotier_bench.counting import CountingMeterProvider
 
     sdk = MeterProvider(metric_readers=[InMemoryMetricReader()])
     counting = CountingMeterProvider(sdk)

@@ -611,7 +611,7 @@ async def test_a_read_only_identity_reads_and_its_writes_fail_without_retries(
 
 
 async def test_no_server_is_a_quick_unavailable_tier_not_an_error_at_open() -> None:
-    from aiotier.bench.servers import free_ports
+    from aiotier_bench.servers import free_ports
 
     (port,) = free_ports(1)
     t = ObjectStoreTier(

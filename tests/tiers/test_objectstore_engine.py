@@ -27,9 +27,9 @@ from seaweedfs_fixtures import (
 )
 
 from aiotier import LookupResult, ObjectStoreTier, PrimaryTier, RequestContext, TieringEngine
-from aiotier.bench.servers import SeaweedFS
 from aiotier.testing import MetricsProbe
 from aiotier.tiers.framing import encode_frame
+from aiotier_bench.servers import SeaweedFS
 
 pytestmark = pytest.mark.s3
 

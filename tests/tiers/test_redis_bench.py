@@ -10,7 +10,7 @@ import json
 import pytest
 from redis_fixtures import require_redis_server
 
-from aiotier.bench import redis as redis_bench
+from aiotier_bench import redis as redis_bench
 
 pytestmark = pytest.mark.redis
 

@@ -26,7 +26,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
-from .. import LookupResult, MemoryTier
+from aiotier import LookupResult, MemoryTier
 
 __all__ = ["BareEngine"]
 

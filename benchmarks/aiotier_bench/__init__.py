@@ -1,5 +1,8 @@
 """The benchmark suite behind ``aiotier bench`` (method: ratios to a floor and a peer, one run).
 
+It lives beside the library, not in it: ``aiotier bench`` finds it in a clone of the repository
+(``benchmarks/``) or installed as the ``aiotier-bench`` distribution (``pip install ./benchmarks``).
+
 Every case is named as in ``shared/BENCHMARKS.md``; ``aiotier bench --case NAME`` runs only the
 named ones (repeatable). :data:`CASE_GROUPS` lists them by the module that measures them; it is
 kept here, import-light, so the command line can offer the names without importing the suite.

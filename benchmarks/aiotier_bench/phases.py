@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from .. import LookupResult, MemoryTier, PrimaryTier, TieringEngine
-from .._core.promotion import Outcome
+from aiotier import LookupResult, MemoryTier, PrimaryTier, TieringEngine
+from aiotier._core.promotion import Outcome
 
 __all__ = ["PHASES", "promotion_phases"]
 

@@ -20,10 +20,11 @@ from typing import Any
 import aiofiles
 import xxhash
 
-from .. import LookupResult, PrimaryTier, SSDTier, TieringEngine
-from .._core.arena import Arena
-from ..tiers._ssd.layout import Geometry
-from ..tiers._ssd.slot import HEAD_SIZE, check_slot, encode_head
+from aiotier import LookupResult, PrimaryTier, SSDTier, TieringEngine
+from aiotier._core.arena import Arena
+from aiotier.tiers._ssd.layout import Geometry
+from aiotier.tiers._ssd.slot import HEAD_SIZE, check_slot, encode_head
+
 from .common import Case, LoopLagTicker, Measure, alternate, note_missing
 
 __all__ = ["CASES", "main", "run"]
@@ -558,7 +559,7 @@ async def run(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m aiotier.bench.ssd [--quick] [--json FILE]``: print the cases."""
+    """``python -m aiotier_bench.ssd [--quick] [--json FILE]``: print the cases."""
     import argparse
     import json
 

@@ -19,8 +19,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..engine import TieringEngine
-from ..tiers.primary import PrimaryTier
+from aiotier.engine import TieringEngine
+from aiotier.tiers.primary import PrimaryTier
+
 from .common import Case, Measure, alternate, note_missing
 
 __all__ = ["CASE_NAMES", "run"]

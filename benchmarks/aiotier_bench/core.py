@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import (
+from aiotier import (
     AdmissionPolicy,
     AdmitAfter,
     AdmitAll,
@@ -26,6 +26,7 @@ from .. import (
     RequestContext,
     TieringEngine,
 )
+
 from .bare import BareEngine
 from .common import Case, Measure, alternate, note_missing
 from .counting import CallCounter, CountingMeterProvider
@@ -428,7 +429,7 @@ async def metrics_overhead(steps: int, rounds: int) -> Case:
 
     and one count, noise-free: ``sdk_calls_per_step``, the ``add``/``record`` calls the engine
     makes on the SDK's instruments per step (an un-timed extra run whose provider wraps the SDK's
-    instruments in counters, :class:`~aiotier.bench.counting.CountingMeterProvider`).
+    instruments in counters, :class:`~aiotier_bench.counting.CountingMeterProvider`).
     """
     from opentelemetry.metrics import NoOpMeterProvider
 
@@ -515,10 +516,10 @@ async def memory_promote(rounds: int, n_keys: int = 4096) -> list[Case]:
     Floor, in the same run: the bare work per block, a ``dict.get`` of the bytes, a 4 KiB copy
     into a preallocated buffer (``memoryview`` slice assignment), a ``dict`` set of the index.
     ``bare_protocol``: the anonymous variant's calls made by
-    :class:`~aiotier.bench.bare.BareEngine` (only the state any engine of the SPEC must keep,
+    :class:`~aiotier_bench.bare.BareEngine` (only the state any engine of the SPEC must keep,
     over the same kind of tier): what a Python engine can reach on this loop and machine.
     ``python_calls_per_block`` counts the interpreter's profile events over one more round of
-    each variant (:class:`~aiotier.bench.counting.CallCounter`): noise-free, unlike the time.
+    each variant (:class:`~aiotier_bench.counting.CallCounter`): noise-free, unlike the time.
     """
     bs, batch = PROMOTE_BLOCK, PROMOTE_BATCH
     keys = [b"promote-%08d" % i for i in range(n_keys)]

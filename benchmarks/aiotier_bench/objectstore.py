@@ -27,7 +27,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from .. import ObjectStoreTier
+from aiotier import ObjectStoreTier
+
 from .common import Case, LoopLagTicker, alternate, engine_promoter, note_missing, promote_case
 from .servers import ACCESS_KEY, BUCKET, SECRET_KEY, SeaweedFS, find_weed
 

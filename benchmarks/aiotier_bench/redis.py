@@ -21,7 +21,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from .. import RedisTier
+from aiotier import RedisTier
+
 from .common import (
     BENCH_EXTRA,
     Case,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..tiers.base import SecondaryTier
+    from aiotier.tiers.base import SecondaryTier
 
 __all__ = [
     "BENCH_EXTRA",
@@ -154,7 +154,7 @@ async def engine_promoter(
     The primary holds two batches, so each call promotes every block again from the tier (the
     engine's write policy is ``none``: evictions drop, nothing is written back).
     """
-    from .. import LookupResult, PrimaryTier, TieringEngine
+    from aiotier import LookupResult, PrimaryTier, TieringEngine
 
     primary = PrimaryTier(2 * max(len(b) for b in batches), block_size)
     # the whole primary is a promotion buffer: nothing is stored that would need room
