@@ -195,9 +195,9 @@ class BlockingEngine:
         """:meth:`TieringEngine.complete_load` (the caller's thread)."""
         self.engine.complete_load(keys, req)
 
-    def touch(self, keys: Iterable[bytes | str]) -> None:
+    def touch(self, keys: Iterable[bytes | str], *, first_use: bool = False) -> None:
         """:meth:`TieringEngine.touch` (the caller's thread)."""
-        self.engine.touch(keys)
+        self.engine.touch(keys, first_use=first_use)
 
     def prepare_store(
         self, keys: Sequence[bytes | str], req: RequestContext | None = None
@@ -241,6 +241,14 @@ class BlockingEngine:
     def clear(self, *, timeout: float | None = None) -> None:
         """:meth:`TieringEngine.clear`: every block dropped, from every tier."""
         self._call(self.engine.clear, timeout=timeout)
+
+    def clear_primary(self) -> None:
+        """:meth:`TieringEngine.clear_primary` (the caller's thread)."""
+        self.engine.clear_primary()
+
+    def release_cleared(self) -> None:
+        """:meth:`TieringEngine.release_cleared` (the caller's thread)."""
+        self.engine.release_cleared()
 
     # -- the step boundary -----------------------------------------------------------------------
 

@@ -376,11 +376,13 @@ class TieringEngine:
         with self._guard.lock:
             self._core.complete_load(ks, None if req is None else req.req_id)
 
-    def touch(self, keys: Iterable[bytes | str]) -> None:
-        """Mark blocks as recently used."""
+    def touch(self, keys: Iterable[bytes | str], *, first_use: bool = False) -> None:
+        """Mark blocks as recently used, in order (the last one the most recent); keys not in
+        the primary are ignored. ``first_use=True`` counts each as its first use, not a further
+        one (ARC keeps it among the blocks seen once; LRU makes no difference)."""
         ks = normalize_keys(keys)
         with self._guard.lock:
-            self._core.touch(ks)
+            self._core.touch(ks, first_use=first_use)
 
     def prepare_store(
         self, keys: Sequence[bytes | str], req: RequestContext | None = None
@@ -515,8 +517,8 @@ class TieringEngine:
         persistent one): once this returns, no lookup, ``get`` or promotion finds a block stored
         before the call. For a cache whose contents went invalid at once (new model weights).
 
-        Loads handed out keep their slots until ``complete_load``; a store pending at the call
-        is not made visible; queued writes and removes are dropped. On a tier shared by a fleet
+        Loads and stores handed out before the call are cancelled as :meth:`clear_primary`
+        says; queued writes and removes are dropped. On a tier shared by a fleet
         (Redis, an object store) this empties the tier's whole prefix, for every engine using
         it. Raises :class:`~aiotier.errors.ConfigError`, changing nothing, when a tier cannot
         clear; :class:`~aiotier.errors.TieringError` when a tier's clear failed or did not end
@@ -531,6 +533,28 @@ class TieringEngine:
             self._core, self.tiers, self._writers, self._guard,
             timeout if timeout is not None else self.options.open_timeout,
         )  # fmt: skip
+
+    def clear_primary(self) -> None:
+        """Drop every block of the primary arena; the secondary tiers keep theirs (and their
+        queued writes), so later lookups promote from them again. No I/O, no await: for a
+        scheduler whose own KV cache was reset (vLLM's ``reset_cache``).
+
+        Loads and stores handed out before the call are cancelled: a store of them makes
+        nothing visible. Their slots stay pinned (the caller may still read or write them) until
+        they complete, the request finishes, or :meth:`release_cleared`. A ``complete_load`` or
+        ``complete_store`` of a key prefers one handed out after the call. Blocks only the
+        primary held are lost.
+        """
+        with self._guard.lock:
+            self._check_open()
+            self._core.clear(secondary=False)
+
+    def release_cleared(self) -> None:
+        """The loads and stores handed out before the last clear will never complete (the
+        caller dropped them, as vLLM does at a reset): their slots are released now. Call it
+        once nothing reads or writes those slots any more."""
+        with self._guard.lock:
+            self._core.release_cancelled()
 
     async def flush(self, timeout: float | None = None) -> None:
         """Await until every queued write and remove has reached its tier.

@@ -280,8 +280,11 @@ class EngineCore:
     def complete_load(self, ks: Sequence[bytes], req_id: str | None = None) -> None:
         self.pins.unpin_loads(self.known_request(req_id), ks)
 
-    def touch(self, ks: Iterable[bytes]) -> None:
-        index, touch = self.table.index, self.table.touch
+    def touch(self, ks: Iterable[bytes], *, first_use: bool = False) -> None:
+        """Mark blocks used, in order (the last one the most recent); ``first_use`` counts each
+        as its first use (ARC keeps it among the blocks seen once), not a further one."""
+        index = self.table.index
+        touch = self.table.refresh if first_use else self.table.touch
         for k in ks:
             slot = index.get(k)
             if slot is not None:
@@ -467,12 +470,14 @@ class EngineCore:
             self.writes.push(ti, remove(k, callback))
         return present
 
-    def clear(self) -> None:
+    def clear(self, *, secondary: bool = True) -> None:
         """Drop every block of the primary (as :meth:`delete` would: in-flight readers and
-        loaders keep their pins, a pending store of a key is not made visible, a promotion's
-        bytes are not kept) and every queued write and remove, and read no tier until its own
-        clear reports (:meth:`Coherence.cleared`)."""
-        table, coherence = self.table, self.coherence
+        loaders keep their pins, a promotion's bytes are not kept) and cancel every load and
+        store handed out (their pins stay until they complete: :meth:`PinLedger.cancel`). With
+        ``secondary`` also drop every queued write and remove, and read no tier until its own
+        clear reports (:meth:`Coherence.cleared`); without it the tiers keep their blocks and
+        their queued writes (copies, not views of the primary's slots)."""
+        table = self.table
         removed: list[bytes] = []
         for k, slot in list(table.index.items()):
             if table.state[slot] in (READY, PROMOTING):
@@ -480,10 +485,19 @@ class EngineCore:
             self.forget(k, slot)
         if removed:
             self.events.append(BlockEvent(tuple(removed), self.primary_name, True))
+        for rs in (*self.requests.live(), self.requests.anonymous):
+            self.pins.cancel(rs)
+        if not secondary:
+            return
         self.writes.drop_all(failed=False)
-        coherence.demoting.clear()
+        self.coherence.demoting.clear()
         for ti in range(len(self.tier_names)):
-            coherence.clearing(ti)
+            self.coherence.clearing(ti)
+
+    def release_cancelled(self) -> None:
+        """Loads and stores a clear cancelled will never complete: their slots are released."""
+        for rs in (*self.requests.live(), self.requests.anonymous):
+            self.pins.release_cancelled(rs)
 
     def cached(self, k: bytes) -> bytes | None:
         """``get``'s hit: the bytes of ``k`` from the primary, or on their way down (put back

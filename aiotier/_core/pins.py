@@ -9,6 +9,12 @@ Four kinds of pins keep a block from being evicted or reused:
 - a **store pin**: ``prepare_store`` until ``complete_store`` (the storer holds a writable view).
 - a **read pin**: a promotion's own, until its read stops writing into the slot (kept by the
   promotion, not here).
+
+A clear cancels the loads and stores handed out before it (:meth:`PinLedger.cancel`): their
+pins stay (the caller may still read or write the slots) until they complete, the request
+ends, or the caller says that they never will (:meth:`PinLedger.release_cancelled`). A
+completion prefers what was handed out after the clear: a scheduler that drops its jobs at a
+reset completes only those.
 """
 
 from __future__ import annotations
@@ -180,16 +186,17 @@ class PinLedger:
         """Release one load pin per key, and the request's RETRY pin on it; ``ValueError`` (with
         nothing released) names a key the request did not ``prepare_load``."""
         for k, n in Counter(keys).items():
-            if len(rs.load_pins.get(k, ())) < n:
+            if len(rs.load_pins.get(k, ())) + len(rs.cleared_loads.get(k, ())) < n:
                 raise ValueError(
                     f"complete_load of block {k[:64]!r} that request "
                     f"{rs.req_id!r} did not prepare_load"
                 )
         for k in keys:
-            slots = rs.load_pins[k]
+            pins = rs.load_pins if k in rs.load_pins else rs.cleared_loads
+            slots = pins[k]
             self._table.unpin(slots.pop())
             if not slots:
-                del rs.load_pins[k]
+                del pins[k]
             self.release_retry(rs, k)
 
     # -- store pins ----------------------------------------------------------------------------
@@ -208,7 +215,7 @@ class PinLedger:
         if len(set(keys)) != len(keys):
             raise ValueError("complete_store was given the same key twice")
         for k in keys:
-            if k not in rs.stores and not rs.stale_stores.get(k):
+            if k not in rs.stores and not rs.stale_stores.get(k) and k not in rs.cleared_stores:
                 raise ValueError(
                     f"complete_store of block {k[:64]!r} that request {rs.req_id!r} "
                     "did not prepare (or already completed)"
@@ -219,7 +226,8 @@ class PinLedger:
 
         Stores of a key complete in the order they were prepared: an earlier prepare that a
         put or delete superseded is completed first, and None says so (nothing to make ready).
-        Otherwise returns the slot of the current prepare, unpinned.
+        Otherwise returns the slot of the current prepare, unpinned; without one, a prepare a
+        clear cancelled is completed (None: nothing to make ready).
         """
         stale = rs.stale_stores.get(k)
         if stale:
@@ -227,9 +235,39 @@ class PinLedger:
             if not stale:
                 del rs.stale_stores[k]
             return None
-        slot = rs.stores.pop(k)
-        self._table.unpin(slot)
-        return slot
+        slot = rs.stores.pop(k, None)
+        if slot is not None:
+            self._table.unpin(slot)
+            return slot
+        cancelled = rs.cleared_stores[k]
+        self._table.unpin(cancelled.pop(0))
+        if not cancelled:
+            del rs.cleared_stores[k]
+        return None
+
+    # -- a clear ---------------------------------------------------------------------------------
+
+    def cancel(self, rs: RequestState) -> None:
+        """A clear dropped every block: the request's loads and stores handed out so far are
+        cancelled (a store of them makes nothing visible), their slots stay pinned."""
+        for k, slots in rs.load_pins.items():
+            rs.cleared_loads.setdefault(k, []).extend(slots)
+        rs.load_pins.clear()
+        for k, slots in rs.stale_stores.items():
+            rs.cleared_stores.setdefault(k, []).extend(slots)
+        rs.stale_stores.clear()
+        for k, slot in rs.stores.items():
+            rs.cleared_stores.setdefault(k, []).append(slot)
+        rs.stores.clear()
+
+    def release_cancelled(self, rs: RequestState) -> None:
+        """The loads and stores a clear cancelled will never complete: their pins go."""
+        unpin = self._table.unpin
+        for pins in (rs.cleared_loads, rs.cleared_stores):
+            for slots in pins.values():
+                for slot in slots:
+                    unpin(slot)
+            pins.clear()
 
     # -- requests --------------------------------------------------------------------------------
 
@@ -254,4 +292,5 @@ class PinLedger:
             for slot in slots:
                 unpin(slot)
         rs.stale_stores.clear()
+        self.release_cancelled(rs)
         return abandoned

@@ -37,6 +37,10 @@ class RequestState:
     # the storer may still write them, so each stays pinned until the complete_store that
     # matches it (complete_stores of a key match its prepares in order) or the request ends
     stale_stores: dict[bytes, list[int]] = field(default_factory=dict)
+    # slots of loads and stores handed out before a clear (key -> slots): still pinned, since
+    # the caller may still read or write them, until completed, released, or the request ends
+    cleared_loads: dict[bytes, list[int]] = field(default_factory=dict)
+    cleared_stores: dict[bytes, list[int]] = field(default_factory=dict)
 
     def add_sync(self, seconds: float) -> None:
         self.sync_delay += seconds
@@ -57,7 +61,13 @@ class RequestState:
 
     def holds_anything(self) -> bool:
         return bool(
-            self.busy or self.promo_pins or self.load_pins or self.stores or self.stale_stores
+            self.busy
+            or self.promo_pins
+            or self.load_pins
+            or self.stores
+            or self.stale_stores
+            or self.cleared_loads
+            or self.cleared_stores
         )
 
 
