@@ -353,9 +353,7 @@ class TestTieringOffloadingManager:
         return FaultyTier(seeded_memory_tier(to_keys(range(3)))).delay("read", 0.1)
 
     @pytest.fixture
-    def tiering(
-        self, below: FaultyTier, probe: MetricsProbe
-    ) -> Iterator[AiotierOffloadingManager]:
+    def tiering(self, below: FaultyTier, probe: MetricsProbe) -> Iterator[AiotierOffloadingManager]:
         m = make_manager(num_blocks=5, secondary=[below], probe=probe)
         yield m
         m.on_schedule_end(ScheduleEndContext(new_req_ids=()))  # let finished requests go

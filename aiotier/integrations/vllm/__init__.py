@@ -1,10 +1,11 @@
 """aiotier inside vLLM: the offloading manager its scheduler drives, and (with vLLM installed)
 the offloading spec and worker vLLM loads by name.
 
-``aiotier.integrations.vllm.manager`` holds the manager and the stand-ins for vLLM's types; it
-imports nothing from vLLM. :class:`AiotierOffloadingSpec` subclasses vLLM's own ``OffloadingSpec``
-and is imported from ``aiotier.integrations.vllm.spec`` on first use, so this package imports
-without vLLM.
+``aiotier.integrations.vllm.manager`` holds the manager, ``.types`` the stand-ins for vLLM's
+types, ``.stats`` what ``get_stats`` reports and ``.recency`` how a finished request's use
+counts; none of them imports vLLM. :class:`AiotierOffloadingSpec` subclasses vLLM's own
+``OffloadingSpec`` and is imported from ``aiotier.integrations.vllm.spec`` on first use, so this
+package imports without vLLM.
 """
 
 from __future__ import annotations
@@ -13,9 +14,14 @@ import importlib
 from typing import Any
 
 from aiotier.integrations.vllm.manager import (
+    CONFIG_INFO_KEYS,
     AiotierOffloadingManager,
+    CacheHitSource,
     LoadStoreSpec,
+    Locality,
     LookupResult,
+    Medium,
+    OffloadingConnectorStats,
     OffloadingEvent,
     OffloadKey,
     OffloadPolicy,
@@ -24,30 +30,41 @@ from aiotier.integrations.vllm.manager import (
     ReqContext,
     RequestOffloadingContext,
     ScheduleEndContext,
+    TierFilter,
+    TierMatcher,
     VllmTypes,
     get_offload_block_hash,
     get_offload_group_idx,
     make_offload_key,
     to_tier_key,
 )
+from aiotier.integrations.vllm.stats import metric_definitions
 
 __all__ = [
+    "CONFIG_INFO_KEYS",
     "AiotierOffloadingManager",
     "AiotierOffloadingSpec",
+    "CacheHitSource",
     "LoadStoreSpec",
+    "Locality",
     "LookupResult",
+    "Medium",
     "OffloadKey",
     "OffloadPolicy",
+    "OffloadingConnectorStats",
     "OffloadingEvent",
     "PrepareStoreOutput",
     "PrimaryLoadStoreSpec",
     "ReqContext",
     "RequestOffloadingContext",
     "ScheduleEndContext",
+    "TierFilter",
+    "TierMatcher",
     "VllmTypes",
     "get_offload_block_hash",
     "get_offload_group_idx",
     "make_offload_key",
+    "metric_definitions",
     "to_tier_key",
 ]
 

@@ -1,63 +1,90 @@
 """vLLM's ``OffloadingManager`` over a :class:`~aiotier.BlockingEngine`, without importing vLLM.
 
 vLLM's offloading connector drives a manager from its scheduler, in plain synchronous Python,
-once per request per step. :class:`AiotierOffloadingManager` presents that manager's methods and
-return shapes — those of ``vllm/v1/kv_offload/base.py`` (the file that replaced ``abstract.py``)
-as they stood at vLLM's tiering-metrics PRs #45958 and #47679 (July 2026) — over aiotier's
-engine, so aiotier's primary arena becomes the manager's offloaded medium and its secondary
-tiers (memory, SSD, Redis, object store) sit below it.
-
-The module defines stand-ins for vLLM's types, with vLLM's names and field names, so code and
-tests run without vLLM: :data:`OffloadKey`, :class:`ReqContext`, :class:`LookupResult`,
-:class:`OffloadPolicy`, :class:`RequestOffloadingContext`, :class:`ScheduleEndContext`,
-:class:`LoadStoreSpec`, :class:`PrepareStoreOutput`, :class:`OffloadingEvent`. Inside vLLM, pass
-``types=VllmTypes.from_module(vllm.v1.kv_offload.base)`` and the manager answers with vLLM's own
-classes instead (vLLM's scheduler compares enum members by identity).
+once per request per step. :class:`AiotierOffloadingManager` presents vLLM 0.33's manager
+contract (and 0.32's where they differ, read from the vLLM module passed to
+:meth:`VllmTypes.from_module`) over aiotier's engine: aiotier's primary arena is the manager's
+offloaded medium and its secondary tiers (memory, SSD, Redis, object store) sit below it.
 
 Where vLLM's contract and aiotier's differ, the manager bridges them:
 
-- **Keys.** vLLM names a block by an ``OffloadKey`` (``bytes``: a block hash and a 4-byte group
-  index). Any bytes-like key is used as the aiotier key as is (``bytearray``/``memoryview`` are
-  copied to ``bytes``), so the keys in outputs and events compare equal to the ones vLLM passed.
-- **HIT_PENDING.** aiotier answers ``RETRY`` for a pending store and for a promotion alike.
-  The manager answers ``HIT_PENDING`` for keys whose store it prepared and for keys already
-  answered ``RETRY`` while their promotion is in flight; the lookup that starts a promotion gets
-  ``RETRY``, as in vLLM's tiering manager.
+- **Answers.** aiotier answers RETRY for a store in flight, a promotion in flight and a tier
+  that has not answered yet. The manager answers HIT_PENDING for the first two (the block is
+  on its way into the primary, as vLLM PR #51840 answers for the lookup that starts a
+  promotion) and RETRY for the last.
 - **complete_store.** vLLM passes every key it handed to ``prepare_store``; aiotier accepts only
   the keys that call allocated. The manager remembers, per request, which keys it allocated and
   completes (or with ``success=False`` frees) exactly those.
 - **Finishing.** aiotier releases a finished request's pins and aborts its pending stores, but
   vLLM may still deliver ``complete_load``/``complete_store`` after ``on_request_finished``. The
-  manager holds the finish back until the request has no load or store outstanding, and passes
-  it to the engine at the next ``on_schedule_end`` (which is aiotier's ``end_step``).
+  manager holds the finish back until the request has no load or store outstanding, applies
+  the request's recency then (:mod:`.recency`), and passes the finish to the engine at the next
+  ``on_schedule_end`` (aiotier's ``end_step``).
+- **Resets.** vLLM never completes a job prepared before ``reset_cache``. The reset empties the
+  primary and keeps the secondary tiers (:meth:`~aiotier.TieringEngine.clear_primary`); the
+  pins of the jobs it cancelled go at ``on_reset_flushed`` (vLLM 0.33: its workers reported
+  every job in flight at the reset), at once under vLLM 0.32, and with their request's finish
+  either way. Until ``on_reset_flushed`` nothing is promoted: a block only below is a MISS.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum, auto
-from types import ModuleType
-from typing import Any, ClassVar, NamedTuple, NewType, cast
+from typing import Any, cast
 
-from aiotier import BlockingEngine, PrimaryTier, RequestContext, SecondaryTier
+from aiotier import BlockEvent, BlockingEngine, PrimaryTier, RequestContext, SecondaryTier
 from aiotier import LookupResult as TierAnswer
 
+from .primary_state import InPrimary, promoting_tier, promotions_by_tier, slot_state
+from .recency import RequestAccess, walk_tail_to_head
+from .stats import StatsTaker, tier_labels
+from .types import (
+    CacheHitSource,
+    LoadStoreSpec,
+    Locality,
+    LookupResult,
+    Medium,
+    OffloadingConnectorStats,
+    OffloadingEvent,
+    OffloadKey,
+    OffloadPolicy,
+    PrepareStoreOutput,
+    PrimaryLoadStoreSpec,
+    ReqContext,
+    RequestOffloadingContext,
+    ScheduleEndContext,
+    TierFilter,
+    TierMatcher,
+    VllmTypes,
+    get_offload_block_hash,
+    get_offload_group_idx,
+    make_offload_key,
+    tier_kind,
+)
+
 __all__ = [
+    "CONFIG_INFO_KEYS",
     "AiotierOffloadingManager",
+    "CacheHitSource",
     "LoadStoreSpec",
+    "Locality",
     "LookupResult",
+    "Medium",
     "OffloadKey",
     "OffloadPolicy",
+    "OffloadingConnectorStats",
     "OffloadingEvent",
     "PrepareStoreOutput",
     "PrimaryLoadStoreSpec",
     "ReqContext",
     "RequestOffloadingContext",
     "ScheduleEndContext",
+    "TierFilter",
+    "TierMatcher",
     "VllmTypes",
     "get_offload_block_hash",
     "get_offload_group_idx",
@@ -65,177 +92,9 @@ __all__ = [
     "to_tier_key",
 ]
 
-# ---------------------------------------------------------------------------------------------
-# Stand-ins for vLLM's types (vllm/v1/kv_offload/base.py): the same names and fields.
-
-OffloadKey = NewType("OffloadKey", bytes)
-"""vLLM's block key: a block hash followed by its KV-cache group index (4 bytes, big-endian)."""
-
-
-def make_offload_key(block_hash: bytes, group_idx: int) -> OffloadKey:
-    """vLLM's ``make_offload_key``: pack a block hash and a group index into one key."""
-    return OffloadKey(bytes(block_hash) + group_idx.to_bytes(4, "big", signed=False))
-
-
-def get_offload_block_hash(key: OffloadKey) -> bytes:
-    """The block hash part of an ``OffloadKey``."""
-    return key[:-4]
-
-
-def get_offload_group_idx(key: OffloadKey) -> int:
-    """The group index part of an ``OffloadKey``."""
-    return int.from_bytes(key[-4:], "big", signed=False)
-
-
-@dataclass
-class ReqContext:
-    """vLLM's per-request context; only ``req_id`` matters to aiotier (its ``RequestContext``)."""
-
-    req_id: str
-    kv_transfer_params: dict[str, Any] | None = None
-
-
-class LookupResult(Enum):
-    """vLLM's answer to ``lookup`` (not aiotier's ``LookupResult``, which has no HIT_PENDING)."""
-
-    MISS = auto()
-    HIT = auto()
-    HIT_PENDING = auto()
-    """In the offloaded medium, but its write (a store or a promotion) is still in flight."""
-    RETRY = auto()
-    """Found below (a promotion started) or not known yet: ask again next step."""
-
-
-class OffloadPolicy(Enum):
-    """Which of a request's blocks vLLM offers to ``prepare_store``."""
-
-    BLOCK_LEVEL = "block_level"
-    REQUEST_LEVEL = "request_level"
-
-
-@dataclass
-class RequestOffloadingContext:
-    """What ``on_new_request`` answers: how the request's blocks should be offloaded."""
-
-    policy: OffloadPolicy = OffloadPolicy.BLOCK_LEVEL
-
-
-class ScheduleEndContext(NamedTuple):
-    """What vLLM passes to ``on_schedule_end``: requests scheduled for the first time and
-    requests preempted in this step."""
-
-    new_req_ids: Collection[str]
-    preempted_req_ids: Collection[str] = ()
-
-
-class LoadStoreSpec:
-    """vLLM's base class of the metadata a worker needs to move blocks."""
-
-
-@dataclass(frozen=True)
-class PrimaryLoadStoreSpec(LoadStoreSpec):
-    """Blocks in aiotier's primary arena: slot ids and zero-copy views of their bytes.
-
-    From ``prepare_load`` the views are read-only and hold exactly the stored bytes; from
-    ``prepare_store`` they are writable and ``block_size`` bytes long. The views live in the
-    scheduler's process: a worker in the same process copies through them. Pickled (to a worker
-    process) a spec keeps its ``block_ids`` alone (``buffers`` is empty there): the worker
-    reaches the slots through :class:`~aiotier.SharedArena`.
-    """
-
-    block_ids: tuple[int, ...]
-    buffers: tuple[memoryview, ...]
-    #: vLLM's ``LoadStoreSpec`` when this class also derives from it (``VllmTypes.from_module``)
-    _vllm_base: ClassVar[type | None] = None
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuilt_spec, (self._vllm_base, self.block_ids))
-
-    @staticmethod
-    def medium() -> str:
-        """The medium the blocks are in (vLLM's ``LoadStoreSpec.medium()`` before June 2026)."""
-        return "CPU"
-
-
-@functools.cache
-def _spec_class(vllm_spec: type) -> type[PrimaryLoadStoreSpec]:
-    """``PrimaryLoadStoreSpec`` that is also a vLLM ``LoadStoreSpec``: one class per base, made
-    again the same way in a worker that unpickles a spec."""
-    return type(
-        "PrimaryLoadStoreSpec", (PrimaryLoadStoreSpec, vllm_spec),
-        {"_vllm_base": vllm_spec, "__module__": __name__},
-    )  # fmt: skip
-
-
-def _rebuilt_spec(vllm_spec: type | None, block_ids: tuple[int, ...]) -> PrimaryLoadStoreSpec:
-    """A spec unpickled in another process: its slot ids, no views."""
-    cls = PrimaryLoadStoreSpec if vllm_spec is None else _spec_class(vllm_spec)
-    return cls(block_ids, ())
-
-
-@dataclass
-class PrepareStoreOutput:
-    """What ``prepare_store`` allocated, where to write it, and which blocks it evicted."""
-
-    keys_to_store: list[OffloadKey]
-    store_spec: LoadStoreSpec
-    evicted_keys: list[OffloadKey]
-
-
-@dataclass
-class OffloadingEvent:
-    """Blocks stored into (``removed=False``) or removed from (``removed=True``) a medium."""
-
-    keys: list[OffloadKey]
-    medium: Any
-    removed: bool
-
-
-@dataclass(frozen=True, slots=True)
-class VllmTypes:
-    """The classes the manager answers with: these stand-ins by default, or vLLM's own.
-
-    ``VllmTypes.from_module(vllm.v1.kv_offload.base)`` takes vLLM's classes from the module you
-    pass (aiotier imports nothing from vLLM). ``secondary_medium`` None names each secondary
-    tier's events by the tier's own name.
-    """
-
-    lookup_result: Any = LookupResult
-    prepare_store_output: Callable[..., Any] = PrepareStoreOutput
-    offloading_event: Callable[..., Any] = OffloadingEvent
-    request_offloading_context: Callable[[], Any] = RequestOffloadingContext
-    load_store_spec: Callable[[tuple[int, ...], tuple[memoryview, ...]], Any] = (
-        PrimaryLoadStoreSpec
-    )
-    primary_medium: Any = "CPU"
-    secondary_medium: Any = None
-
-    @classmethod
-    def from_module(cls, base: ModuleType | Any) -> VllmTypes:
-        """vLLM's classes from its ``vllm.v1.kv_offload.base`` module (or any object with the
-        same attributes). Needs vLLM's ``LookupResult`` enum (PR #46363, June 2026, or later).
-        """
-        result = getattr(base, "LookupResult", None)
-        members = getattr(result, "__members__", {})
-        if not {"MISS", "HIT", "HIT_PENDING", "RETRY"} <= set(members):
-            raise TypeError(
-                f"{getattr(base, '__name__', base)!r} has no LookupResult enum with MISS, HIT, "
-                "HIT_PENDING and RETRY: the manager presents vLLM's contract from PR #46363 on"
-            )
-        spec: type = PrimaryLoadStoreSpec
-        vllm_spec = getattr(base, "LoadStoreSpec", None)
-        if isinstance(vllm_spec, type):  # so isinstance(spec, vllm's LoadStoreSpec) holds
-            spec = _spec_class(vllm_spec)
-        medium = getattr(base, "Medium", None)  # an enum from July 2026 on, plain str before
-        return cls(
-            lookup_result=result,
-            prepare_store_output=base.PrepareStoreOutput,
-            offloading_event=base.OffloadingEvent,
-            request_offloading_context=base.RequestOffloadingContext,
-            load_store_spec=spec,
-            primary_medium=medium.CPU if medium is not None else "CPU",
-            secondary_medium=medium.STORAGE if medium is not None else None,
-        )
+#: The labels of the series :meth:`AiotierOffloadingManager.config_info` fills (one per tier):
+#: what an offloading spec's ``config_info_keys`` declares.
+CONFIG_INFO_KEYS = ("tier", "kind", "num_blocks", "block_size", "capacity_bytes", "policy")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,11 +139,14 @@ def _request(rid: str) -> RequestContext | None:
 
 
 @dataclass(slots=True)
-class _Outstanding:
-    """One request's loads and stores that vLLM has prepared but not completed yet."""
+class _Request:
+    """One request's loads and stores prepared and not completed yet, and what it used."""
 
     loads: Counter[bytes] = field(default_factory=Counter)
     stores: Counter[bytes] = field(default_factory=Counter)  # keys its prepare_store allocated
+    access: RequestAccess = field(default_factory=RequestAccess)
+    sources: dict[bytes, str] = field(default_factory=dict)  # key -> tier it is promoted from
+    position: Callable[[bytes], int | None] | None = None
     finished: bool = False
 
     def idle(self) -> bool:
@@ -303,10 +165,12 @@ class AiotierOffloadingManager:
     built from ``types``. Calls that need no I/O (a primary hit, loads, stores, events, the step
     boundary) run in the caller's thread; a lookup that must ask a tier goes to the engine's
     loop. The bookkeeping is locked, so several threads may call, each request from one thread
-    at a time (as vLLM's scheduler does).
+    at a time; :attr:`lock` is for callers that need several calls to be one (vLLM 0.33's
+    scheduler holds it across a step).
 
-    ``media`` maps aiotier tier names to the ``medium`` of their events (default: the primary is
-    ``types.primary_medium``, "CPU"). ``owns_engine=True`` makes :meth:`shutdown` close the
+    ``media`` maps aiotier tier names to the ``medium`` of their events (default: the primary's
+    is ``types.primary_medium``, ``Medium.CPU``; a memory tier's ``CPU``, the others'
+    ``STORAGE``). ``owns_engine=True`` makes :meth:`shutdown` close the
     engine (:meth:`create` sets it).
     """
 
@@ -322,26 +186,40 @@ class AiotierOffloadingManager:
         if not isinstance(engine, BlockingEngine):
             raise TypeError(f"engine must be a BlockingEngine, got {type(engine).__name__}")
         self.engine = engine
-        self.types = types if types is not None else VllmTypes()
+        self.types = types = types if types is not None else VllmTypes()
         primary = engine.engine.primary
-        self._media: dict[str, Any] = {primary.name: self.types.primary_medium}
-        if self.types.secondary_medium is not None:
-            for tier in engine.engine.tiers:
-                self._media[tier.name] = self.types.secondary_medium
+        tiers = engine.engine.tiers
+        self._primary_name = primary.name
+        kinds = [tier_kind(t, media or {}) for t in tiers]
+        self._tier_names = [t.name for t in tiers]
+        self._tier_media = [types.medium[m] for m, _, _ in kinds]
+        self._media: dict[str, Any] = {primary.name: types.primary_medium}
+        for tier, medium in zip(tiers, self._tier_media, strict=True):
+            self._media[tier.name] = (
+                medium if types.secondary_medium is None else types.secondary_medium
+            )
         self._media.update(media or {})
+        self._tier_locality = {
+            t.name: types.locality[loc] for t, (_, loc, _) in zip(tiers, kinds, strict=True)
+        }
+        self._sources = {
+            t.name: types.cache_hit_source[src] for t, (_, _, src) in zip(tiers, kinds, strict=True)
+        }
         self.enable_events = enable_events
         self.owns_engine = owns_engine
-        result = self.types.lookup_result
+        result = types.lookup_result
         self._miss, self._hit = result.MISS, result.HIT
         self._hit_pending, self._retry = result.HIT_PENDING, result.RETRY
-        self._lock = threading.Lock()
-        self._requests: dict[str, _Outstanding] = {}
+        self._lock = threading.Lock()  # the manager's bookkeeping; never held across a call
+        self._caller_lock = threading.RLock()  # :attr:`lock`
+        self._requests: dict[str, _Request] = {}
         self._storing: Counter[bytes] = Counter()  # keys with a store prepared, not completed
-        # keys answered RETRY whose promotion may still be in flight; at most one per primary
-        # slot can be, so the oldest entries beyond that are stale and dropped
-        self._promoting: OrderedDict[bytes, None] = OrderedDict()
-        self._promoting_cap = primary.num_blocks
         self._finished: list[str] = []  # finished and idle: told to the engine at the next step
+        self._events: list[Any] = []  # vLLM's events due before the engine's next ones
+        self._allocation_sizes: list[int] = []
+        self._promotions_held = False
+        self._stats = StatsTaker(tier_labels(primary.name, self._tier_names))
+        self._allowed = functools.lru_cache(maxsize=64)(self._allowed_tiers)
 
     @classmethod
     def create(
@@ -359,31 +237,109 @@ class AiotierOffloadingManager:
         engine = BlockingEngine(primary, tuple(secondary), **engine_kwargs)
         return cls(engine, types=types, media=media, enable_events=enable_events, owns_engine=True)
 
+    @property
+    def lock(self) -> threading.RLock:
+        """A lock for callers that need several calls to see one state (vLLM 0.33's scheduler
+        holds it from a lookup's HIT to the ``prepare_load`` that pins it). The manager's own
+        methods never take it, and are safe to call without it."""
+        return self._caller_lock
+
     # -- lookups -------------------------------------------------------------------------------
 
     def lookup(self, key: OffloadKey | bytes, req_context: Any = None) -> LookupResult:
-        """Whether one block is ready to load: HIT, MISS, HIT_PENDING (on its way into the
-        primary) or RETRY (a promotion started now, or a tier has not answered yet)."""
+        """Whether one block is ready to load: HIT, MISS, HIT_PENDING (a store or a promotion
+        of it in flight; this lookup may have started the promotion) or RETRY (a tier has not
+        answered yet). After a reset, until ``on_reset_flushed``, only the primary is asked."""
         k = to_tier_key(key)
-        answer = self.engine.lookup(k, _request(_req_id(req_context)))
-        if answer is not TierAnswer.RETRY:
-            if self._promoting:
-                with self._lock:
-                    self._promoting.pop(k, None)
-            return cast(LookupResult, self._hit if answer is TierAnswer.HIT else self._miss)
-        with self._lock:
-            if k in self._storing or k in self._promoting:
-                return cast(LookupResult, self._hit_pending)
-            self._promoting[k] = None
-            if len(self._promoting) > self._promoting_cap:
-                self._promoting.popitem(last=False)
+        rid = _req_id(req_context)
+        exclude = self._excluded(req_context)
+        if exclude is None:
+            return self._primary_answer(k, rid)
+        answer = self.engine.lookup(k, _request(rid), exclude_tier=exclude or None)
+        if answer is TierAnswer.HIT:
+            return cast(LookupResult, self._hit)
+        if answer is TierAnswer.MISS:
+            return cast(LookupResult, self._miss)
+        state = slot_state(self.engine, k)
+        if state is InPrimary.PROMOTING:
+            self._note_source(rid, k)
+            return cast(LookupResult, self._hit_pending)
+        if state is InPrimary.STORING:
+            return cast(LookupResult, self._hit_pending)
         return cast(LookupResult, self._retry)
 
+    def get_load_source(self, key: OffloadKey | bytes, req_context: Any = None) -> Any:
+        """Where a hit came from: the tier its promotion read (``HOST`` for memory, ``DISK``
+        for an SSD, ``EXTERNAL_UNSPECIFIED`` for Redis or an object store), else ``HOST``."""
+        k = to_tier_key(key)
+        with self._lock:
+            state = self._requests.get(_req_id(req_context))
+            tier = None if state is None else state.sources.get(k)
+        return self._sources[tier] if tier is not None else self.types.cache_hit_source.HOST
+
     def count_hits(self, keys: Iterable[OffloadKey | bytes], req_context: Any = None) -> int | None:
-        """How many leading blocks are ready to load, or ``None`` when one is on its way before
-        the first miss: the prefix scan vLLM's scheduler makes from :meth:`lookup`, in one call
-        (later blocks' promotions start in the same call)."""
-        return self.engine.lookup_prefix(_tier_keys(keys), _request(_req_id(req_context)))
+        """How many leading blocks are ready to load, as vLLM's ``lookup(keys)`` answered
+        before PR #46363: a block whose store is in flight ends the count; ``None`` when a block
+        before the first miss is being promoted or a tier has not answered (later blocks'
+        promotions start in the same call)."""
+        ks = _tier_keys(keys)
+        rid = _req_id(req_context)
+        exclude = self._excluded(req_context)
+        if exclude == "":
+            n = self.engine.lookup_prefix(ks, _request(rid))
+            if n is not None:
+                return n
+        elif exclude is not None:  # one tier left out: ask key by key
+            for k in ks:
+                if self.lookup(k, req_context) is not self._hit:
+                    break
+        n = 0
+        for k in ks:
+            state = slot_state(self.engine, k)
+            if state is InPrimary.READY:
+                n += 1
+            elif state is InPrimary.STORING:
+                return n
+            elif state is InPrimary.PROMOTING or exclude == "":
+                return None  # on its way, or a tier has not answered
+            else:
+                return n
+        return n
+
+    def _excluded(self, req_context: Any) -> str | None:
+        """The tier a lookup leaves out ("" none); None when only the primary may answer (after
+        a reset, or a request's tier filter leaves out more than one tier)."""
+        if self._promotions_held:
+            return None
+        return self._allowed(getattr(req_context, "load_tier_filter", None))
+
+    def _allowed_tiers(self, tier_filter: Any) -> str | None:
+        if tier_filter is None or not self._tier_names:
+            return ""
+        left_out = [
+            name
+            for name, medium in zip(self._tier_names, self._tier_media, strict=True)
+            if not tier_filter.allows(medium, self._tier_locality[name])
+        ]
+        if not left_out:
+            return ""
+        return left_out[0] if len(left_out) == 1 and len(self._tier_names) > 1 else None
+
+    def _primary_answer(self, k: bytes, rid: str) -> LookupResult:
+        state = slot_state(self.engine, k)
+        if state is InPrimary.READY:
+            if self.engine.lookup(k, _request(rid)) is TierAnswer.HIT:
+                return cast(LookupResult, self._hit)
+            return cast(LookupResult, self._miss)
+        if state is None:
+            return cast(LookupResult, self._miss)
+        return cast(LookupResult, self._hit_pending)
+
+    def _note_source(self, rid: str, k: bytes) -> None:
+        tier = promoting_tier(self.engine, k)
+        if rid and tier is not None:
+            with self._lock:
+                self._request_state(rid).sources[k] = tier
 
     # -- loads ---------------------------------------------------------------------------------
 
@@ -396,12 +352,17 @@ class AiotierOffloadingManager:
         rid = _req_id(req_context)
         spec = self.engine.prepare_load(ks, _request(rid))
         with self._lock:
-            self._outstanding(rid).loads.update(ks)
+            state = self._request_state(rid, req_context)
+            state.loads.update(ks)
+            if rid:
+                state.access.saw(ks, reused=ks)
         return cast(LoadStoreSpec, self.types.load_store_spec(spec.block_ids, spec.buffers))
 
     def touch(self, keys: Collection[OffloadKey | bytes], req_context: Any = None) -> None:
-        """Mark the blocks recently used (keys not in the primary are ignored)."""
-        self.engine.touch(_tier_keys(keys))
+        """Mark the blocks recently used, the first one the most recent (vLLM's policies walk
+        them in reverse: the head of a prefix is evicted last); keys not in the primary are
+        ignored. vLLM 0.32 and later do not call it: see :meth:`on_request_finished`."""
+        self.engine.touch(list(reversed(_tier_keys(keys))))
 
     def complete_load(self, keys: Collection[OffloadKey | bytes], req_context: Any = None) -> None:
         """Unpin blocks loaded with :meth:`prepare_load` by the same request."""
@@ -424,14 +385,25 @@ class AiotierOffloadingManager:
         eviction); ``None``, with nothing changed, when every block is pinned."""
         ks = _tier_keys(keys)
         rid = _req_id(req_context)
+        states = {k: slot_state(self.engine, k) for k in ks}
         out = self.engine.prepare_store(ks, _request(rid))
-        if out is None:
-            return None
+        new = [k for k, s in states.items() if s is None]
         with self._lock:
-            self._outstanding(rid).stores.update(out.keys_to_store)
+            if new:
+                self._allocation_sizes.append(len(new) if out is None else len(out.keys_to_store))
+            state = self._request_state(rid, req_context)
+            if rid:
+                ready = [k for k, s in states.items() if s is InPrimary.READY]
+                state.access.saw(
+                    [k for k in ks if states[k] in (None, InPrimary.READY)],
+                    inserted=() if out is None else out.keys_to_store,
+                    reused=ready,
+                )
+            if out is None:
+                self._settle(rid, state)
+                return None
+            state.stores.update(out.keys_to_store)
             self._storing.update(out.keys_to_store)
-            for k in out.evicted_keys:
-                self._promoting.pop(k, None)
         spec = self.types.load_store_spec(out.store_spec.block_ids, out.store_spec.buffers)
         return cast(
             PrepareStoreOutput,
@@ -455,11 +427,25 @@ class AiotierOffloadingManager:
         with self._lock:
             state = self._requests.get(rid)
             mine = [k for k in dict.fromkeys(ks) if state is not None and state.stores[k] > 0]
-        if mine:
-            self.engine.complete_store(mine, _request(rid), success=success)
-        if state is None:
+        if not mine:
             return
+        freed = (
+            [] if success else [k for k in mine if slot_state(self.engine, k) is InPrimary.STORING]
+        )
+        if freed and self.types.failed_store_events:
+            self._hold_engine_events()
+        self.engine.complete_store(mine, _request(rid), success=success)
         with self._lock:
+            if freed and self.types.failed_store_events and self.enable_events:
+                self._events.append(
+                    self.types.event(
+                        keys=freed,
+                        medium=self._media[self._primary_name],
+                        removed=True,
+                        metadata_only=True,
+                    )
+                )
+            assert state is not None
             state.stores.subtract(mine)
             state.stores = +state.stores
             self._storing.subtract(mine)
@@ -469,23 +455,21 @@ class AiotierOffloadingManager:
     # -- request lifecycle and the step boundary ----------------------------------------------
 
     def on_new_request(self, req_context: Any) -> RequestOffloadingContext:
-        """A request is first seen: its blocks are offloaded as they are computed."""
+        """A request is first seen: its chunks are offloaded as they are computed."""
         _req_id(req_context)
         return cast(RequestOffloadingContext, self.types.request_offloading_context())
 
     def on_request_finished(self, req_context: Any) -> None:
-        """The request issues no more prepares. Its pins and delays are released and observed
-        at the next :meth:`on_schedule_end` after its last outstanding load or store completes."""
+        """The request issues no more prepares. Once its last outstanding load or store
+        completes, what it used becomes recent (tail to head: the head of its prefix is evicted
+        last; what it loaded counts as a further use), and at the next :meth:`on_schedule_end`
+        its pins go and its delays are observed."""
         rid = _req_id(req_context)
         if not rid:
             return
         with self._lock:
-            state = self._requests.get(rid)
-            if state is None:
-                self._finished.append(rid)
-            else:
-                state.finished = True
-                self._settle(rid, state)
+            self._request_state(rid, req_context).finished = True
+            self._settle(rid, self._requests[rid])
 
     def on_schedule_end(self, context: Any = None) -> None:
         """The end of a scheduler step: aiotier's ``end_step``. Requests scheduled for the first
@@ -506,43 +490,137 @@ class AiotierOffloadingManager:
 
     def take_events(self) -> list[OffloadingEvent]:
         """Stored and removed events of every tier since the last call, in order (an eviction
-        comes before the store that reuses its slot)."""
-        events = self.engine.take_events()
-        if not self.enable_events:
-            return []
-        make, media = self.types.offloading_event, self._media
-        return [
-            make(keys=list(ev.keys), medium=media.get(ev.tier, ev.tier), removed=ev.removed)
-            for ev in events
-        ]
+        comes before the store that reuses its slot). A failed store's slot is announced as a
+        ``metadata_only`` removal (vLLM 0.33), unless the key was stored again since."""
+        self._hold_engine_events()
+        with self._lock:
+            events, self._events = self._events, []
+        out = []
+        for ev in events:
+            if getattr(ev, "metadata_only", False):
+                keys = [k for k in ev.keys if slot_state(self.engine, k) is None]
+                if not keys:
+                    continue
+                ev.keys = keys
+            out.append(ev)
+        return out
 
     def reset_cache(self) -> None:
-        """Drop every offloaded block, from every tier (:meth:`TieringEngine.clear`): vLLM
-        calls this when cached KV went invalid at once (new weights). Raises when a tier could
-        not be cleared; that tier is not read until a later reset succeeds."""
-        self.engine.clear()
+        """vLLM's KV went invalid at once (new weights, sleep): empty the primary, as vLLM's own
+        managers do; the secondary tiers keep their blocks. Every load and store prepared before
+        is dropped (vLLM never completes them): their pins go at :meth:`on_reset_flushed`
+        (vLLM 0.33), at once under vLLM 0.32. Until then blocks are not promoted. The reset
+        itself announces no events."""
+        self._hold_engine_events()
+        with self._lock:
+            for rid, state in self._requests.items():
+                if state.finished:
+                    self._finished.append(rid)
+            self._requests.clear()
+            self._storing.clear()
+        self.engine.clear_primary()
+        self.engine.take_events()  # the primary's removals: vLLM resets its own view instead
+        if not self.types.reset_fence:
+            self.engine.release_cleared()
+        else:
+            self._promotions_held = bool(self._tier_names)
 
-    def get_stats(self) -> None:
-        """None: aiotier exports its metrics through OpenTelemetry at each step boundary
-        (``aiotier_lookup_sync_delay_seconds``, ``aiotier_allocation_failures_total``, ...)."""
-        return None
+    def on_reset_flushed(self) -> None:
+        """vLLM's workers reported every job in flight at the last reset: the slots those jobs
+        held are released, and promotions start again."""
+        self.engine.release_cleared()
+        self._promotions_held = False
+
+    def get_stats(self) -> Any:
+        """What vLLM's CPU manager reports (cache usage, allocation sizes) and aiotier's tiers'
+        figures since the last call, as vLLM's ``OffloadingConnectorStats``
+        (:mod:`aiotier.integrations.vllm.stats` names them)."""
+        snap = self.engine.stats()
+        with self._lock:
+            sizes, self._allocation_sizes = self._allocation_sizes, []
+            storing = sum(self._storing.values())
+        return self._stats.take(
+            self.types.connector_stats(),
+            snap,
+            self.engine.engine.primary.num_blocks,
+            storing,
+            sizes,
+            promotions_by_tier(self.engine),
+        )
+
+    def config_info(self) -> list[dict[str, Any]]:
+        """One series per tier, the primary first, labelled as :data:`CONFIG_INFO_KEYS` says."""
+        engine = self.engine.engine
+        primary = engine.primary
+        out: list[dict[str, Any]] = [
+            {
+                "tier": "0:primary",
+                "kind": "primary",
+                "num_blocks": primary.num_blocks,
+                "block_size": primary.block_size,
+                "capacity_bytes": primary.num_blocks * primary.block_size,
+                "policy": primary.policy_name,
+            }
+        ]
+        for i, tier in enumerate(engine.tiers, 1):
+            capacity = tier.usage().capacity_bytes
+            out.append(
+                {
+                    "tier": f"{i}:{tier.name}",
+                    "kind": type(tier).__name__,
+                    "capacity_bytes": "None" if capacity is None else capacity,
+                }
+            )
+        return out
 
     def shutdown(self) -> None:
         """Close the engine if this manager owns it (:meth:`create`); otherwise nothing."""
         if self.owns_engine:
             self.engine.close()
 
-    # -- bookkeeping (under the lock) ----------------------------------------------------------
+    # -- bookkeeping ---------------------------------------------------------------------------
 
-    def _outstanding(self, rid: str) -> _Outstanding:
+    def _hold_engine_events(self) -> None:
+        """Move the engine's events so far into the queue, as vLLM's events, in order."""
+        events = self.engine.take_events()
+        if not events or not self.enable_events:
+            return
+        converted = [self._event(ev) for ev in events]
+        with self._lock:
+            self._events.extend(converted)
+
+    def _event(self, ev: BlockEvent) -> Any:
+        if ev.tier == self._primary_name:
+            medium = self._media[ev.tier]
+            return self.types.event(keys=list(ev.keys), medium=medium, removed=ev.removed)
+        return self.types.event(
+            keys=list(ev.keys),
+            medium=self._media.get(ev.tier, ev.tier),
+            removed=ev.removed,
+            locality=self._tier_locality.get(ev.tier),
+            ownership=ev.tier,
+        )
+
+    def _request_state(self, rid: str, req_context: Any = None) -> _Request:
+        """(Under the lock.) The request's record, made at its first prepare."""
         state = self._requests.get(rid)
         if state is None:
-            state = self._requests[rid] = _Outstanding()
+            state = self._requests[rid] = _Request()
+        if state.position is None and req_context is not None:
+            state.position = getattr(req_context, "get_offload_key_position", None)
         return state
 
-    def _settle(self, rid: str, state: _Outstanding) -> None:
-        """Forget a request with nothing outstanding; queue its finish if it finished."""
-        if state.idle() and self._requests.get(rid) is state:
+    def _settle(self, rid: str, state: _Request) -> None:
+        """(Under the lock.) A finished request with nothing outstanding: its recency is applied
+        and its finish queued for the next step; an idle anonymous record is forgotten."""
+        if not state.idle() or self._requests.get(rid) is not state:
+            return
+        if state.finished:
             del self._requests[rid]
-            if state.finished:
-                self._finished.append(rid)
+            walk_tail_to_head(state.access, state.position, self._touch)
+            self._finished.append(rid)
+        elif not rid:
+            del self._requests[rid]
+
+    def _touch(self, keys: Sequence[bytes], first_use: bool) -> None:
+        self.engine.touch(keys, first_use=first_use)
