@@ -60,6 +60,14 @@ def aiotier_differs(s: Subject, reason: str) -> None:
         pytest.xfail(reason)
 
 
+def ordered_by_position_while_running(s: Subject) -> None:
+    """vLLM 0.33 orders a running request's chunks by token position (tails first); 0.32 and
+    aiotier by store, applying the position order when the request finishes."""
+    if not s.is_aiotier and not s.v033:
+        pytest.skip("vLLM 0.32 orders a running request's chunks by store, as aiotier does")
+    aiotier_differs(s, "aiotier orders a running request's blocks by store, not position")
+
+
 def verify_store_output(
     s: Subject, out: Any, to_store: list[int], chunk_ids: list[int], evicted: list[int]
 ) -> dict[OffloadKey, int]:
@@ -498,11 +506,7 @@ def test_unfinished_lru_prefix_survives_pressure_across_store_batches(
     new: Any, batch_size: int, reverse_completion: bool
 ) -> None:
     s = new(num_chunks=8)
-    aiotier_differs(
-        s,
-        "aiotier orders a running request's blocks by store (and completion), not by "
-        "token position: the request's position order counts when it finishes",
-    )
+    ordered_by_position_while_running(s)
     m, ctx = s.manager, s.ctx("unfinished")
     groups = [[make_offload_key(str(p).encode(), g) for p in range(3)] for g in range(2)]
     batches = []
@@ -528,10 +532,7 @@ def test_unfinished_lru_prefix_survives_pressure_across_store_batches(
 @pytest.mark.parametrize("reuse_method", ["load", "store"])
 def test_unfinished_lru_reused_prefix_outlives_new_tail(new: Any, reuse_method: str) -> None:
     s = new()
-    aiotier_differs(
-        s,
-        "aiotier applies a running request's reuse when the request finishes, not at once",
-    )
+    ordered_by_position_while_running(s)
     m = s.manager
     head, middle, tail = to_keys([1, 2, 3])
     seed = s.ctx("seed")
@@ -555,7 +556,7 @@ def test_unfinished_lru_reused_prefix_outlives_new_tail(new: Any, reuse_method: 
 
 def test_unfinished_lru_backfill_orders_by_token_position(new: Any) -> None:
     s = new(num_chunks=3)
-    aiotier_differs(s, "aiotier orders a running request's blocks by store, not position")
+    ordered_by_position_while_running(s)
     m, ctx = s.manager, s.ctx("backfill")
     head, middle, tail = to_keys([1, 2, 3])
     for p, key in enumerate([head, middle, tail], 1):
@@ -569,7 +570,7 @@ def test_unfinished_lru_backfill_orders_by_token_position(new: Any) -> None:
 
 def test_lru_failed_store_retry_preserves_prefix_order(new: Any) -> None:
     s = new(num_chunks=2)
-    aiotier_differs(s, "aiotier orders a running request's blocks by store, not position")
+    ordered_by_position_while_running(s)
     m, ctx = s.manager, s.ctx("retry")
     head, tail = to_keys([1, 2])
     ctx.set_offload_key_position(head, 16)

@@ -48,7 +48,7 @@ class Subject:
         return self.flavor != "vllm"
 
     @property
-    def LR(self) -> Any:  # noqa: N802 - vLLM's enum, as its tests name it
+    def LR(self) -> Any:
         return self.types.LookupResult
 
     def ctx(self, req_id: str = "", **kwargs: Any) -> Any:

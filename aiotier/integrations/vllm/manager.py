@@ -266,6 +266,9 @@ class AiotierOffloadingManager:
             return cast(LookupResult, self._hit_pending)
         if state is InPrimary.STORING:
             return cast(LookupResult, self._hit_pending)
+        if state is InPrimary.READY:  # its promotion landed meanwhile
+            self._note_source(rid, k)
+            return cast(LookupResult, self._hit)
         return cast(LookupResult, self._retry)
 
     def get_load_source(self, key: OffloadKey | bytes, req_context: Any = None) -> Any:

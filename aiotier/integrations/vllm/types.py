@@ -19,6 +19,8 @@ from enum import Enum, auto
 from types import ModuleType
 from typing import Any, ClassVar, NamedTuple, NewType, TypeVar
 
+from aiotier import MemoryTier, SecondaryTier, SSDTier
+
 __all__ = [
     "CacheHitSource",
     "LoadStoreSpec",
@@ -381,10 +383,11 @@ def _stats_class(base: ModuleType | Any) -> Callable[[], Any]:
 
 def tier_kind(tier: object, media: Mapping[str, Any]) -> tuple[str, str, str]:
     """``(medium, locality, cache hit source)`` member names of a secondary tier: memory is
-    host memory, an SSD local storage, Redis and object stores remote storage."""
-    from aiotier import MemoryTier, SSDTier
-
+    host memory, an SSD local storage, Redis and object stores remote storage (a wrapper such
+    as ``aiotier.testing.FaultyTier`` is the kind of the tier it wraps)."""
     name = getattr(tier, "name", "")
+    while isinstance(getattr(tier, "inner", None), SecondaryTier):
+        tier = tier.inner  # type: ignore[attr-defined]
     if isinstance(tier, MemoryTier):
         kind = ("CPU", "LOCAL", "HOST")
     elif isinstance(tier, SSDTier):
