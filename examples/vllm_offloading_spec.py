@@ -69,7 +69,6 @@ class ToyConnectorScheduler:
         The scan goes on past a block on its way up (so every promotion of the prefix starts in
         this step) and stops at the first miss.
         """
-        self.manager.touch(keys, ctx)
         hits, on_the_way = 0, False
         for key in keys:
             answer = self.manager.lookup(key, ctx)
@@ -141,7 +140,8 @@ def main() -> None:
         events = manager.take_events()
         if events:
             summary = ", ".join(
-                f"{len(e.keys)} {'removed from' if e.removed else 'stored in'} {e.medium}"
+                f"{len(e.keys)} {'removed from' if e.removed else 'stored in'} "
+                f"{e.ownership or e.medium.name}"
                 for e in events
             )
             print(f"step {step} events: {summary}")
