@@ -2,10 +2,10 @@
 the offloading spec and worker vLLM loads by name.
 
 ``aiotier.integrations.vllm.manager`` holds the manager, ``.types`` the stand-ins for vLLM's
-types, ``.stats`` what ``get_stats`` reports and ``.recency`` how a finished request's use
-counts; none of them imports vLLM. :class:`AiotierOffloadingSpec` subclasses vLLM's own
-``OffloadingSpec`` and is imported from ``aiotier.integrations.vllm.spec`` on first use, so this
-package imports without vLLM.
+types, ``.stats`` what ``get_stats`` reports, ``.recency`` how a finished request's use counts
+and ``.tier_kinds`` what vLLM knows of each tier; none of them imports vLLM.
+:class:`AiotierOffloadingSpec` subclasses vLLM's own ``OffloadingSpec`` and is imported from
+``aiotier.integrations.vllm.spec`` on first use, so this package imports without vLLM.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from aiotier.integrations.vllm.manager import (
-    CONFIG_INFO_KEYS,
-    AiotierOffloadingManager,
+from aiotier.integrations.vllm.keys import to_tier_key
+from aiotier.integrations.vllm.manager import CONFIG_INFO_KEYS, AiotierOffloadingManager
+from aiotier.integrations.vllm.stats import metric_definitions
+from aiotier.integrations.vllm.types import (
     CacheHitSource,
     LoadStoreSpec,
     Locality,
@@ -36,9 +37,7 @@ from aiotier.integrations.vllm.manager import (
     get_offload_block_hash,
     get_offload_group_idx,
     make_offload_key,
-    to_tier_key,
 )
-from aiotier.integrations.vllm.stats import metric_definitions
 
 __all__ = [
     "CONFIG_INFO_KEYS",

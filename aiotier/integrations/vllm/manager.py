@@ -6,136 +6,47 @@ contract (and 0.32's where they differ, read from the vLLM module passed to
 :meth:`VllmTypes.from_module`) over aiotier's engine: aiotier's primary arena is the manager's
 offloaded medium and its secondary tiers (memory, SSD, Redis, object store) sit below it.
 
-Where vLLM's contract and aiotier's differ, the manager bridges them:
-
-- **Answers.** aiotier answers RETRY for a store in flight, a promotion in flight and a tier
-  that has not answered yet. The manager answers HIT_PENDING for the first two (the block is
-  on its way into the primary, as vLLM PR #51840 answers for the lookup that starts a
-  promotion) and RETRY for the last.
-- **complete_store.** vLLM passes every key it handed to ``prepare_store``; aiotier accepts only
-  the keys that call allocated. The manager remembers, per request, which keys it allocated and
-  completes (or with ``success=False`` frees) exactly those.
-- **Finishing.** aiotier releases a finished request's pins and aborts its pending stores, but
-  vLLM may still deliver ``complete_load``/``complete_store`` after ``on_request_finished``. The
-  manager holds the finish back until the request has no load or store outstanding, applies
-  the request's recency then (:mod:`.recency`), and passes the finish to the engine at the next
-  ``on_schedule_end`` (aiotier's ``end_step``).
-- **Resets.** vLLM never completes a job prepared before ``reset_cache``. The reset empties the
-  primary and keeps the secondary tiers (:meth:`~aiotier.TieringEngine.clear_primary`); the
-  pins of the jobs it cancelled go at ``on_reset_flushed`` (vLLM 0.33: its workers reported
-  every job in flight at the reset), at once under vLLM 0.32, and with their request's finish
-  either way. Until ``on_reset_flushed`` nothing is promoted: a block only below is a MISS.
+Where the contracts differ (``docs/vllm.md`` says how): aiotier's RETRY is vLLM's HIT_PENDING
+for a block on its way into the primary; ``complete_store`` completes what the request's own
+``prepare_store`` allocated; a finish waits for the request's transfers, then applies its
+recency (:mod:`.recency`); a reset empties the primary alone and cancels what vLLM will never
+complete, whose pins go at ``on_reset_flushed``.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from aiotier import BlockEvent, BlockingEngine, PrimaryTier, RequestContext, SecondaryTier
+from aiotier import BlockEvent, BlockingEngine, PrimaryTier, SecondaryTier
 from aiotier import LookupResult as TierAnswer
 
+from .keys import req_id as _req_id
+from .keys import request as _request
+from .keys import tier_keys as _tier_keys
+from .keys import to_tier_key
 from .primary_state import InPrimary, promoting_tier, promotions_by_tier, slot_state
 from .recency import RequestAccess, walk_tail_to_head
 from .stats import StatsTaker, tier_labels
+from .tier_kinds import TierKinds
 from .types import (
-    CacheHitSource,
     LoadStoreSpec,
-    Locality,
     LookupResult,
-    Medium,
-    OffloadingConnectorStats,
     OffloadingEvent,
     OffloadKey,
-    OffloadPolicy,
     PrepareStoreOutput,
-    PrimaryLoadStoreSpec,
-    ReqContext,
     RequestOffloadingContext,
-    ScheduleEndContext,
-    TierFilter,
-    TierMatcher,
     VllmTypes,
-    get_offload_block_hash,
-    get_offload_group_idx,
-    make_offload_key,
-    tier_kind,
 )
 
-__all__ = [
-    "CONFIG_INFO_KEYS",
-    "AiotierOffloadingManager",
-    "CacheHitSource",
-    "LoadStoreSpec",
-    "Locality",
-    "LookupResult",
-    "Medium",
-    "OffloadKey",
-    "OffloadPolicy",
-    "OffloadingConnectorStats",
-    "OffloadingEvent",
-    "PrepareStoreOutput",
-    "PrimaryLoadStoreSpec",
-    "ReqContext",
-    "RequestOffloadingContext",
-    "ScheduleEndContext",
-    "TierFilter",
-    "TierMatcher",
-    "VllmTypes",
-    "get_offload_block_hash",
-    "get_offload_group_idx",
-    "make_offload_key",
-    "to_tier_key",
-]
+__all__ = ["CONFIG_INFO_KEYS", "AiotierOffloadingManager", "VllmTypes", "to_tier_key"]
 
 #: The labels of the series :meth:`AiotierOffloadingManager.config_info` fills (one per tier):
 #: what an offloading spec's ``config_info_keys`` declares.
 CONFIG_INFO_KEYS = ("tier", "kind", "num_blocks", "block_size", "capacity_bytes", "policy")
-
-
-# ---------------------------------------------------------------------------------------------
-# Keys and requests
-
-
-def to_tier_key(key: object) -> bytes:
-    """The aiotier key of a vLLM block key: the same bytes (bytes-like keys are copied)."""
-    if type(key) is bytes:
-        return key
-    if isinstance(key, bytes | bytearray | memoryview):
-        return bytes(key)
-    raise TypeError(
-        f"vLLM block keys are bytes (an OffloadKey or a BlockHash), got {type(key).__name__}"
-    )
-
-
-def _tier_keys(keys: Iterable[object]) -> list[bytes]:
-    if isinstance(keys, bytes | bytearray | memoryview | str):
-        raise TypeError("keys must be a collection of block keys, not a single key")
-    ks = keys if type(keys) is list else list(keys)
-    if all(type(k) is bytes for k in ks):
-        return cast(list[bytes], ks)
-    return [to_tier_key(k) for k in ks]
-
-
-def _req_id(req_context: object) -> str:
-    """vLLM's request id ("" for none: vLLM's tests use ``ReqContext(req_id="")``)."""
-    if req_context is None:
-        return ""
-    rid = getattr(req_context, "req_id", None)
-    if not isinstance(rid, str):
-        raise TypeError(
-            f"req_context must have a str req_id (vLLM's ReqContext), got "
-            f"{type(req_context).__name__}"
-        )
-    return rid
-
-
-def _request(rid: str) -> RequestContext | None:
-    return RequestContext(rid) if rid else None
 
 
 @dataclass(slots=True)
@@ -190,21 +101,11 @@ class AiotierOffloadingManager:
         primary = engine.engine.primary
         tiers = engine.engine.tiers
         self._primary_name = primary.name
-        kinds = [tier_kind(t, media or {}) for t in tiers]
-        self._tier_names = [t.name for t in tiers]
-        self._tier_media = [types.medium[m] for m, _, _ in kinds]
+        self._tiers = kinds = TierKinds(tiers, types, media or {})
         self._media: dict[str, Any] = {primary.name: types.primary_medium}
-        for tier, medium in zip(tiers, self._tier_media, strict=True):
-            self._media[tier.name] = (
-                medium if types.secondary_medium is None else types.secondary_medium
-            )
+        for name, medium in kinds.medium.items():
+            self._media[name] = medium if types.secondary_medium is None else types.secondary_medium
         self._media.update(media or {})
-        self._tier_locality = {
-            t.name: types.locality[loc] for t, (_, loc, _) in zip(tiers, kinds, strict=True)
-        }
-        self._sources = {
-            t.name: types.cache_hit_source[src] for t, (_, _, src) in zip(tiers, kinds, strict=True)
-        }
         self.enable_events = enable_events
         self.owns_engine = owns_engine
         result = types.lookup_result
@@ -218,8 +119,7 @@ class AiotierOffloadingManager:
         self._events: list[Any] = []  # vLLM's events due before the engine's next ones
         self._allocation_sizes: list[int] = []
         self._promotions_held = False
-        self._stats = StatsTaker(tier_labels(primary.name, self._tier_names))
-        self._allowed = functools.lru_cache(maxsize=64)(self._allowed_tiers)
+        self._stats = StatsTaker(tier_labels(primary.name, kinds.names))
 
     @classmethod
     def create(
@@ -278,7 +178,7 @@ class AiotierOffloadingManager:
         with self._lock:
             state = self._requests.get(_req_id(req_context))
             tier = None if state is None else state.sources.get(k)
-        return self._sources[tier] if tier is not None else self.types.cache_hit_source.HOST
+        return self._tiers.source[tier] if tier is not None else self.types.cache_hit_source.HOST
 
     def count_hits(self, keys: Iterable[OffloadKey | bytes], req_context: Any = None) -> int | None:
         """How many leading blocks are ready to load, as vLLM's ``lookup(keys)`` answered
@@ -314,19 +214,7 @@ class AiotierOffloadingManager:
         a reset, or a request's tier filter leaves out more than one tier)."""
         if self._promotions_held:
             return None
-        return self._allowed(getattr(req_context, "load_tier_filter", None))
-
-    def _allowed_tiers(self, tier_filter: Any) -> str | None:
-        if tier_filter is None or not self._tier_names:
-            return ""
-        left_out = [
-            name
-            for name, medium in zip(self._tier_names, self._tier_media, strict=True)
-            if not tier_filter.allows(medium, self._tier_locality[name])
-        ]
-        if not left_out:
-            return ""
-        return left_out[0] if len(left_out) == 1 and len(self._tier_names) > 1 else None
+        return self._tiers.excluded(getattr(req_context, "load_tier_filter", None))
 
     def _primary_answer(self, k: bytes, rid: str) -> LookupResult:
         state = slot_state(self.engine, k)
@@ -526,7 +414,7 @@ class AiotierOffloadingManager:
         if not self.types.reset_fence:
             self.engine.release_cleared()
         else:
-            self._promotions_held = bool(self._tier_names)
+            self._promotions_held = bool(self._tiers.names)
 
     def on_reset_flushed(self) -> None:
         """vLLM's workers reported every job in flight at the last reset: the slots those jobs
@@ -600,7 +488,7 @@ class AiotierOffloadingManager:
             keys=list(ev.keys),
             medium=self._media.get(ev.tier, ev.tier),
             removed=ev.removed,
-            locality=self._tier_locality.get(ev.tier),
+            locality=self._tiers.locality.get(ev.tier),
             ownership=ev.tier,
         )
 

@@ -13,13 +13,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, auto
 from types import ModuleType
 from typing import Any, ClassVar, NamedTuple, NewType, TypeVar
-
-from aiotier import MemoryTier, SecondaryTier, SSDTier
 
 __all__ = [
     "CacheHitSource",
@@ -379,22 +377,3 @@ def _stats_class(base: ModuleType | Any) -> Callable[[], Any]:
         except (ImportError, AttributeError):
             pass
     return OffloadingConnectorStats
-
-
-def tier_kind(tier: object, media: Mapping[str, Any]) -> tuple[str, str, str]:
-    """``(medium, locality, cache hit source)`` member names of a secondary tier: memory is
-    host memory, an SSD local storage, Redis and object stores remote storage (a wrapper such
-    as ``aiotier.testing.FaultyTier`` is the kind of the tier it wraps)."""
-    name = getattr(tier, "name", "")
-    while isinstance(getattr(tier, "inner", None), SecondaryTier):
-        tier = tier.inner  # type: ignore[attr-defined]
-    if isinstance(tier, MemoryTier):
-        kind = ("CPU", "LOCAL", "HOST")
-    elif isinstance(tier, SSDTier):
-        kind = ("STORAGE", "LOCAL", "DISK")
-    else:
-        kind = ("STORAGE", "REMOTE", "EXTERNAL_UNSPECIFIED")
-    medium = media.get(name)
-    if isinstance(medium, Enum) and medium.name in ("CPU", "STORAGE"):
-        kind = (medium.name, *kind[1:])
-    return kind
