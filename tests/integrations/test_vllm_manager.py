@@ -480,8 +480,9 @@ def test_count_hits_stops_at_a_store_in_flight(manager: AiotierOffloadingManager
 
 
 def test_lock_and_bad_input(manager: AiotierOffloadingManager) -> None:
-    with manager.lock, manager.lock:  # reentrant; the manager's own calls never take it
+    with manager.lock:  # the manager's own calls never take it
         assert manager.lookup(to_key(1), _CTX) is MISS
+    assert manager.lock is manager.lock and not manager.lock.locked()
     assert not manager.has_pending_work()
     with pytest.raises(TypeError, match="BlockingEngine"):
         AiotierOffloadingManager(object())  # type: ignore[arg-type]
@@ -592,3 +593,24 @@ def test_specs_pickle_to_a_worker_process_as_their_slot_ids() -> None:
         m.complete_store(to_keys([1, 2]), _CTX)
         engine.clear()
     engine.close()
+
+
+def test_every_call_of_vllms_manager_is_answered_by_aiotier() -> None:
+    """vLLM's ``OffloadingManager`` (of the vLLM installed): the manager overrides every one of
+    its calls, and mixed into it (as the shipped spec does) it is a complete manager."""
+    from vllm_subjects import vllm_base
+
+    if vllm_base is None:
+        pytest.skip("vLLM is not importable here")
+    ours = AiotierOffloadingManager
+    theirs = vllm_base.OffloadingManager
+    calls = [n for n in dir(theirs) if not n.startswith("_")]
+    assert {"lookup", "prepare_load", "prepare_store", "reset_cache", "get_stats"} <= set(calls)
+    assert [n for n in calls if getattr(ours, n, None) in (None, getattr(theirs, n))] == []
+
+    class Mixed(ours, theirs):  # type: ignore[misc, valid-type]
+        pass
+
+    m = Mixed.create(PrimaryTier(2, 16), types=VllmTypes.from_module(vllm_base))
+    assert isinstance(m, theirs)
+    m.shutdown()

@@ -112,7 +112,7 @@ class AiotierOffloadingManager:
         self._miss, self._hit = result.MISS, result.HIT
         self._hit_pending, self._retry = result.HIT_PENDING, result.RETRY
         self._lock = threading.Lock()  # the manager's bookkeeping; never held across a call
-        self._caller_lock = threading.RLock()  # :attr:`lock`
+        self._caller_lock = threading.Lock()  # :attr:`lock`
         self._requests: dict[str, _Request] = {}
         self._storing: Counter[bytes] = Counter()  # keys with a store prepared, not completed
         self._finished: list[str] = []  # finished and idle: told to the engine at the next step
@@ -138,10 +138,10 @@ class AiotierOffloadingManager:
         return cls(engine, types=types, media=media, enable_events=enable_events, owns_engine=True)
 
     @property
-    def lock(self) -> threading.RLock:
+    def lock(self) -> threading.Lock:
         """A lock for callers that need several calls to see one state (vLLM 0.33's scheduler
-        holds it from a lookup's HIT to the ``prepare_load`` that pins it). The manager's own
-        methods never take it, and are safe to call without it."""
+        holds it from a lookup's HIT to the ``prepare_load`` that pins it). Not reentrant, as
+        vLLM's own; the manager's methods never take it, and are safe to call without it."""
         return self._caller_lock
 
     # -- lookups -------------------------------------------------------------------------------
