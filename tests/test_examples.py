@@ -137,6 +137,9 @@ async def test_web_service_in_process_through_an_asgi_client(tmp_path: Path) -> 
 
     import httpx
 
+    # the example imports the Prometheus client, whose import reads /proc once: as a service
+    # does, at start-up; here the module is loaded inside the test's loop, so import it first
+    await asyncio.to_thread(importlib.import_module, "aiotier.web")
     spec = importlib.util.spec_from_file_location("web_service", ROOT / "examples/web_service.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
