@@ -9,8 +9,8 @@ returns the whole value or nothing, never a prefix or a mix. The scheduler proto
 any of this: it stores and loads blocks.
 
 A value whose bytes fit in a block is stored as they are, unless they begin with the manifest's
-magic: those are stored through a manifest too, so a block that starts with the magic and checks
-is always a manifest.
+magic: those are stored through a manifest too (where a block can hold one), so a block that
+starts with the magic and checks is always a manifest.
 """
 
 from __future__ import annotations
@@ -73,8 +73,15 @@ def max_value_bytes(num_blocks: int, block_size: int) -> int:
 
 
 def needs_pieces(view: memoryview, block_size: int) -> bool:
-    """Whether a value goes through a manifest (too large, or it looks like one)."""
-    return view.nbytes > block_size or view[: len(MANIFEST_MAGIC)].tobytes() == MANIFEST_MAGIC
+    """Whether a value goes through a manifest: too large for a block, or it looks like one in
+    an engine whose blocks can hold a manifest (in one whose blocks cannot, no block is ever
+    taken for a manifest, so lookalikes are stored as they are)."""
+    if view.nbytes > block_size:
+        return True
+    return (
+        block_size >= MANIFEST_BYTES
+        and view[: len(MANIFEST_MAGIC)].tobytes() == MANIFEST_MAGIC
+    )
 
 
 def check_value_key(key: bytes) -> None:

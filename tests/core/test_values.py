@@ -59,3 +59,5 @@ def test_only_large_values_and_lookalikes_need_pieces() -> None:
     assert not needs_pieces(memoryview(b"x" * 64), 64)
     assert needs_pieces(memoryview(b"x" * 65), 64)
     assert needs_pieces(memoryview(b"\x89aiotval!"), 64)
+    # blocks too small for a manifest never hold one: a lookalike is stored as it is
+    assert not needs_pieces(memoryview(b"\x89aiotval"), 16)

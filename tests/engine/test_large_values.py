@@ -50,6 +50,15 @@ async def test_a_small_value_that_looks_like_a_manifest_comes_back_as_stored() -
         assert await e.get("tricky") == tricky
 
 
+async def test_in_an_engine_of_small_blocks_a_lookalike_is_stored_as_it_is() -> None:
+    """Found by the engine model test: blocks under 64 bytes cannot hold a manifest."""
+    async with TieringEngine(PrimaryTier(4, 16)) as e:
+        assert await e.put("k", b"\x89aiotval")
+        assert await e.get("k") == b"\x89aiotval"
+        with pytest.raises(ValueError, match="17 bytes, block_size is 16"):
+            await e.put("k", bytes(17))
+
+
 async def test_replacing_a_large_value_frees_the_old_pieces() -> None:
     async with TieringEngine(PrimaryTier(16, BS)) as e:
         assert await e.put("k", value(4 * BS, 1))
