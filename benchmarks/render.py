@@ -53,6 +53,8 @@ def render(doc: dict[str, Any]) -> str:
     known = {"name", "params", "unit", "higher_is_better", "aiotier", "floor", "peer",
              "ratio_to_floor", "ratio_to_peer", "skipped"}  # fmt: skip
     for c in doc["cases"]:
+        if c["name"] in _OWN_SECTION:
+            continue
         params = ", ".join(f"{k}={v}" for k, v in c["params"].items())
         if c.get("skipped"):
             lines.append(f"| {c['name']} | {params} | skipped | | | | | | {c['skipped']} |")
@@ -76,6 +78,7 @@ def render(doc: dict[str, Any]) -> str:
     lines += _scale_section(doc["cases"])
     lines += _memory_promote_section(doc["cases"])
     lines += _metrics_section(doc["cases"])
+    lines += _trace_section(doc["cases"])
     targets = os.path.join(os.path.dirname(os.path.abspath(__file__)), "targets.md")
     if os.path.exists(targets):
         with open(targets) as f:
@@ -84,6 +87,7 @@ def render(doc: dict[str, Any]) -> str:
 
 
 _SECTIONS = ("scale", "memory_promote", "metrics_overhead")
+_OWN_SECTION = ("trace", "trace_tiered")  # rendered only in their section
 
 
 def _of(cases: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
@@ -197,6 +201,118 @@ def _metrics_section(cases: list[dict[str, Any]]) -> list[str]:
             f"{_fmt(c.get('promotions_per_step'))} promotions per step.",
         ]
     return out
+
+
+def _trace_section(cases: list[dict[str, Any]]) -> list[str]:
+    """The ``trace`` cases: per trace, hit ratio per capacity of each policy and admission,
+    vLLM's managers, the optimum; then µs per request; then the tiered run."""
+    rows = _of(cases, "trace")
+    if not rows:
+        return []
+    out = [
+        "",
+        "### trace",
+        "",
+        "Request traces replayed through the scheduler path (see [traces](traces.md)): block hit "
+        "ratio per capacity (a share of the replayed requests' unique blocks). *Optimum*: "
+        "Belady with bypass over the same block references, an upper bound on any policy's "
+        "prefix hit ratio; *best / optimum*: aiotier's best combination at that capacity over "
+        "it; *best / vLLM*: over vLLM's better manager in the same run (— where vLLM was not "
+        "importable).",
+        "",
+        "![hit ratio against capacity](benchmarks-traces.png)",
+    ]
+    traces: dict[str, list[dict[str, Any]]] = {}
+    for c in rows:
+        traces.setdefault(c["params"]["trace"], []).append(c)
+    for name, cs in traces.items():
+        combos = list(dict.fromkeys(f"{c['params']['policy']}, {c['params']['admission']}"
+                                    for c in cs))  # fmt: skip
+        shares = sorted({c["params"]["capacity_share"] for c in cs})
+        vllm = [p for c in cs if isinstance(c.get("vllm"), dict) for p in c["vllm"]]
+        vllm = list(dict.fromkeys(vllm))
+        out += [
+            "",
+            f"**{name}**, {cs[0]['params']['requests']:,} requests, infinite cache "
+            f"{_fmt(cs[0]['infinite_hit_ratio'])}:",
+            "",
+            "| capacity | optimum | " + " | ".join(combos)
+            + "".join(f" | vLLM {p}" for p in vllm) + " | best / optimum | best / vLLM |",
+            "| --- " * (4 + len(combos) + len(vllm)) + "|",
+        ]
+        for share in shares:
+            at = [c for c in cs if c["params"]["capacity_share"] == share]
+            hit = {f"{c['params']['policy']}, {c['params']['admission']}": c["hit_ratio"]
+                   for c in at}  # fmt: skip
+            best = max(hit.values())
+            v = at[0].get("vllm") if isinstance(at[0].get("vllm"), dict) else {}
+            vbest = max((f["hit_ratio"] for f in v.values()), default=None)
+            out.append(
+                f"| {share:.0%} | {_fmt(at[0]['optimum_hit_ratio'])} | "
+                + " | ".join(("**" + _fmt(hit[k]) + "**") if hit[k] == best else _fmt(hit[k])
+                             for k in combos)
+                + "".join(f" | {_fmt(v[p]['hit_ratio'])}" for p in vllm)
+                + f" | {_fmt(best / at[0]['optimum_hit_ratio'])} | "
+                f"{_fmt(best / vbest) if vbest else '—'} |"
+            )  # fmt: skip
+        us = {k: [c["us_per_request"] for c in cs
+                  if f"{c['params']['policy']}, {c['params']['admission']}" == k]
+              for k in combos}  # fmt: skip
+        out += [
+            "",
+            "µs of cache calls per request, median over the capacities (timing on a shared "
+            "2-CPU machine: indicative only): "
+            + ", ".join(f"{k} {_fmt(_median(v))}" for k, v in us.items())
+            + "".join(
+                f", vLLM {p} {_fmt(_median([c['vllm'][p]['us_per_request'] for c in cs]))}"
+                for p in vllm
+            )
+            + ".",
+        ]
+        out += _calls_line(cs)
+    for c in _of(cases, "trace_tiered"):
+        tiers = c.get("tiers") or {}
+        moved = "; ".join(
+            f"{t}: " + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in f.items())
+            for t, f in tiers.items()
+        )
+        peer = c.get("peer") or {}
+        out += [
+            "",
+            f"Tiered, {c['params']['trace']}: a primary of {c['params']['capacity_share']:.0%} "
+            f"over {c['params']['below']}: hit ratio {_fmt(c['aiotier'])} (infinite "
+            f"{_fmt(c['infinite_hit_ratio'])}), {c['deferrals']:,} deferrals, "
+            + (f"{c['hit_blocks']:,} hit blocks, " if "hit_blocks" in c else "")
+            + f"{_fmt(c['us_per_request'])} µs/request; {moved or 'nothing moved'}. Peer: "
+            + (f"{peer['name']}: {_fmt(peer['value'])}, "
+               f"{_fmt(c.get('peer_us_per_request'))} µs/request." if peer
+               else f"{c.get('vllm')}."),
+        ]  # fmt: skip
+    return out
+
+
+def _calls_line(cs: list[dict[str, Any]]) -> list[str]:
+    """Python calls per request where they were counted (noise-free, unlike µs)."""
+    counted = [c for c in cs if c.get("python_calls_per_request") is not None]
+    if not counted:
+        return []
+    on = counted[0].get("calls_counted_on") or {}
+    vllm = counted[0].get("vllm") if isinstance(counted[0].get("vllm"), dict) else {}
+    figures = [
+        f"{c['params']['policy']}, {c['params']['admission']} "
+        f"{_fmt(c['python_calls_per_request'])}" for c in counted
+    ] + [f"vLLM {p} {_fmt(f.get('python_calls_per_request'))}" for p, f in vllm.items()]
+    return [
+        "",
+        f"Python calls per request (counted with `sys.setprofile`: noise-free) on the first "
+        f"{on.get('requests')} requests with {on.get('capacity_blocks')} blocks: "
+        + ", ".join(figures) + ".",
+    ]  # fmt: skip
+
+
+def _median(v: list[float]) -> float | None:
+    s = sorted(v)
+    return None if not s else (s[len(s) // 2] + s[(len(s) - 1) // 2]) / 2
 
 
 def _pct(v: Any) -> str:

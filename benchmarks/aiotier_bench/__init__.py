@@ -19,6 +19,8 @@ CASE_GROUPS: dict[str, tuple[str, ...]] = {
     "redis": ("redis_promote",),
     "s3": ("object_promote",),
     "cache": ("cache_hit", "cache_stampede", "cache_large_value"),
+    # request traces replayed through the policies; --trace FILE replays a user's own
+    "trace": ("trace",),
     # derived from the ticker figures of ssd_promote and redis_promote (which it runs)
     "derived": ("loop_lag",),
 }  # fmt: skip

@@ -1,4 +1,5 @@
-"""Draw a bench JSON as bars of ratios (greater than 1 means aiotier is better)."""
+"""Draw a bench JSON as bars of ratios (greater than 1 means aiotier is better); the trace cases
+as hit ratio against capacity, beside it (:mod:`.trace_plot`)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,15 @@ def plot(doc: dict[str, Any], path: str) -> None:
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
         raise ImportError("--plot needs matplotlib: pip install 'aiotier[bench]'") from exc
 
+    from .trace_plot import TRACE_CASES, plot_traces, trace_plot_path
+
+    plot_traces(doc, trace_plot_path(path))  # hit ratio against capacity, a figure of its own
     labels: list[str] = []
     floors: list[float] = []
     peers: list[float] = []
     for c in doc["cases"]:
+        if c["name"] in TRACE_CASES:
+            continue
         if c.get("skipped") or (c["ratio_to_floor"] is None and c["ratio_to_peer"] is None):
             continue
         params = ",".join(f"{k}={v}" for k, v in c["params"].items() if k != "ops")

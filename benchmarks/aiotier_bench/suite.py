@@ -34,6 +34,11 @@ def build_parser(prog: str = "aiotier bench") -> argparse.ArgumentParser:
         "--only", metavar="GROUPS", help=f"comma-separated groups: {','.join(CASE_GROUPS)}"
     )
     ap.add_argument(
+        "--trace", action="append", metavar="FILE",
+        help="replay this JSONL request trace (repeatable; implies --case trace) instead of "
+        "the traces shipped in benchmarks/traces/",
+    )  # fmt: skip
+    ap.add_argument(
         "--case", action="append", choices=CASE_NAMES, metavar="NAME",
         help=f"run only this case (repeatable; with --only, both sets): {', '.join(CASE_NAMES)}",
     )  # fmt: skip
@@ -48,13 +53,16 @@ def main(argv: list[str] | None = None, prog: str = "aiotier bench") -> int:
 _HEADLINE_EXTRAS = (
     "python_calls_per_block", "aiotier_over_floor", "primary_hit_rate", "cpu_overhead",
     "flush_share", "flush_cpu_ms_per_step", "sdk_calls_per_step", "with_recent_hints",
-    "with_recent_hints_over_floor",
+    "with_recent_hints_over_floor", "optimum_hit_ratio", "share_of_optimum", "us_per_request",
+    "peer_us_per_request",
 )  # fmt: skip
 
 
 def _selected_cases(args: argparse.Namespace) -> set[str]:
     """The cases ``--case`` and ``--only`` name (every case when neither is given)."""
     wanted: set[str] = set(args.case or ())
+    if args.trace:
+        wanted.add("trace")  # --trace FILE names the case it feeds
     for group in (args.only or "").split(","):
         group = group.strip()
         if not group:
@@ -74,7 +82,7 @@ def _selected_cases(args: argparse.Namespace) -> set[str]:
 def run(args: argparse.Namespace) -> int:
     """Run the cases ``args`` select, print them, write ``--json`` and ``--plot``."""
     from . import cache as cache_bench
-    from . import core, ssd
+    from . import core, ssd, trace_cases
     from . import objectstore as object_bench
     from . import redis as redis_bench
 
@@ -100,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
         if cache_cases:
             print(f"running {', '.join(cache_cases)}...", file=sys.stderr)
             cases += await cache_bench.run(args.quick, cache_cases)
+        if "trace" in wanted:
+            print("running trace...", file=sys.stderr)
+            cases += await trace_cases.run(args.quick, args.trace or ())
         return cases
 
     cases = asyncio.run(suite())

@@ -1,0 +1,220 @@
+"""The ``trace`` case of ``aiotier bench``: request traces replayed through aiotier's policies,
+beside the offline optimum, the infinite cache and vLLM's own managers (the peer).
+
+Per trace and capacity (a share of the trace's unique blocks), one ``trace`` case per eviction
+policy and admission policy aiotier ships, and one ``trace_tiered`` case: a primary of 5% over
+a memory tier that holds every block, with hits per tier and bytes moved, beside vLLM's
+``TieringOffloadingManager`` over its example tier. ``--quick`` replays the first
+:data:`QUICK_WINDOW` requests of each trace; the full run replays all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from aiotier import (
+    AdmissionPolicy,
+    AdmitAfter,
+    AdmitAll,
+    AdmitTinyLFU,
+    MemoryTier,
+    PrimaryTier,
+    TieringEngine,
+)
+
+from .common import Case, Measure
+from .trace_engine import EngineBackend
+from .trace_optimum import infinite_hits, optimum_hits
+from .trace_replay import ReplayBackend, ReplayResult, replay
+from .traces import SHIPPED_DIR, Trace, load_trace, shipped_traces
+
+__all__ = ["ADMISSIONS", "CAPACITY_SHARES", "COMBINATIONS", "QUICK_WINDOW", "run", "trace_cases"]
+
+#: Capacities, as shares of the replayed requests' unique blocks.
+CAPACITY_SHARES = (0.02, 0.05, 0.10, 0.25)
+#: Admission policies by the names the config file gives them.
+ADMISSIONS: dict[str, Callable[[], AdmissionPolicy]] = {
+    "all": AdmitAll,
+    "after:2": lambda: AdmitAfter(2),
+    "tinylfu": AdmitTinyLFU,
+}
+#: (eviction policy, admission policy) pairs replayed: every one aiotier ships.
+COMBINATIONS: tuple[tuple[str, str], ...] = tuple(
+    (p, a) for p in ("lru", "arc") for a in ADMISSIONS
+)
+TIERED_SHARE = 0.05
+QUICK_WINDOW = 500
+#: Python calls per request are counted (noise-free, unlike µs) at this capacity, on the first
+#: COUNT_WINDOW requests: counting makes a replay several times slower.
+COUNT_SHARE = 0.05
+COUNT_WINDOW = 300
+BLOCK_SIZE = 16  # bytes: the replay moves no real KV data, so CI can run it
+OPTIMUM = "offline optimum: Belady with bypass, per block"
+
+
+def _note(msg: str) -> None:
+    print(f"note: {msg}", file=sys.stderr)
+
+
+async def _engine_run(
+    trace: Trace, capacity: int, policy: str, admission: str, count_calls: bool = False
+) -> ReplayResult:
+    adm = ADMISSIONS[admission]()
+    engine = TieringEngine(
+        PrimaryTier(capacity, BLOCK_SIZE, policy=policy), admission={"primary": adm}
+    )
+    async with engine:
+        return await replay(trace, EngineBackend(engine), count_calls=count_calls)
+
+
+async def _vllm_run(
+    trace: Trace, capacity: int, policy: str, count_calls: bool = False
+) -> ReplayResult:
+    from .trace_vllm import VllmBackend, vllm_manager
+
+    backend: ReplayBackend = VllmBackend(vllm_manager(capacity, policy))
+    return await replay(trace, backend, count_calls=count_calls)
+
+
+def _counted(trace: Trace) -> tuple[Trace, int]:
+    """The window whose Python calls are counted, and its capacity."""
+    window = trace.window(COUNT_WINDOW)
+    return window, max(1, round(COUNT_SHARE * window.unique_blocks))
+
+
+def _figures(r: ReplayResult, counted: ReplayResult | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"hit_ratio": r.hit_ratio, "us_per_request": r.us_per_request}
+    if counted is not None:
+        out["python_calls_per_request"] = counted.python_calls_per_request
+    return out
+
+
+async def trace_cases(path: str | Path, window: int | None) -> list[Case]:
+    """Every case of one trace file (its first ``window`` requests; None: all of them)."""
+    from .trace_vllm import vllm_unavailable, vllm_version
+
+    trace = await asyncio.to_thread(load_trace, path, window)  # file I/O off the loop
+    refs = list(trace.references())
+    unique = len(set(refs))
+    infinite = infinite_hits(trace) / len(refs)
+    missing = vllm_unavailable()
+    peer_label = None if missing else f"vLLM {vllm_version()}"
+    if missing:
+        _note(f"{missing}: the trace cases run without vLLM's managers as their peer")
+    small, small_capacity = _counted(trace)
+    out: list[Case] = []
+    for share in CAPACITY_SHARES:
+        capacity = max(1, round(share * unique))
+        optimum = optimum_hits(refs, capacity) / len(refs)
+        count = share == COUNT_SHARE
+        vllm: dict[str, dict[str, Any]] = {}
+        for p in () if missing else ("lru", "arc"):
+            v = await _vllm_run(trace, capacity, p)
+            vc = await _vllm_run(small, small_capacity, p, count_calls=True) if count else None
+            vllm[p] = _figures(v, vc)
+        best = max(vllm, key=lambda p: vllm[p]["hit_ratio"]) if vllm else None
+        lru: float | None = None
+        for policy, admission in COMBINATIONS:
+            r = await _engine_run(trace, capacity, policy, admission)
+            if lru is None:
+                lru = r.hit_ratio  # the first combination: LRU admitting every block
+            rc = None
+            if count:
+                rc = await _engine_run(small, small_capacity, policy, admission, True)
+            extra: dict[str, Any] = {
+                **_figures(r, rc),
+                "optimum_hit_ratio": optimum,
+                "infinite_hit_ratio": infinite,
+                "share_of_optimum": r.hit_ratio / optimum if optimum else None,
+                "deferrals": r.deferrals,
+                "store_failures": r.store_failures,
+            }
+            if count:
+                extra["calls_counted_on"] = {"requests": len(small.requests),
+                                             "capacity_blocks": small_capacity}  # fmt: skip
+            if best is not None:
+                extra["peer_us_per_request"] = vllm[best]["us_per_request"]
+                extra["vllm"] = vllm
+            else:
+                extra["vllm"] = missing
+            out.append(Case(
+                "trace",
+                {"trace": trace.name, "requests": len(trace.requests), "capacity_share": share,
+                 "capacity_blocks": capacity, "policy": policy, "admission": admission},
+                "hit ratio", True, r.hit_ratio,
+                floor=Measure("aiotier lru, admission all", lru),
+                peer=None if best is None else Measure(
+                    f"{peer_label} CPUOffloadingManager({best})", vllm[best]["hit_ratio"]),
+                extra=extra,
+            ))  # fmt: skip
+    out.append(await _tiered_case(trace, unique, infinite, missing, peer_label))
+    return out
+
+
+async def _tiered_case(
+    trace: Trace, unique: int, infinite: float, missing: str | None, peer_label: str | None
+) -> Case:
+    """A primary of :data:`TIERED_SHARE` over a memory tier that holds every block."""
+    capacity = max(1, round(TIERED_SHARE * unique))
+    # a scheduler promotes a request's whole prefix at once: the default bound of 64 blocks
+    # promoting would take a long prompt several steps, in which its first blocks can go again
+    engine = TieringEngine(
+        PrimaryTier(capacity, BLOCK_SIZE),
+        [MemoryTier(4 * unique * BLOCK_SIZE)],
+        promotion_timeout=30.0,
+        max_inflight_promotions=capacity,
+    )
+    async with engine:
+        backend = EngineBackend(engine)
+        r = await replay(trace, backend)
+        tiers = backend.tier_counts()
+    extra: dict[str, Any] = {
+        **_figures(r),
+        "infinite_hit_ratio": infinite,
+        "hit_blocks": r.hits,
+        "deferrals": r.deferrals,
+        "store_failures": r.store_failures,
+        "tiers": tiers,
+        "max_inflight_promotions": capacity,
+    }
+    peer = None
+    if missing:
+        extra["vllm"] = missing
+    else:
+        from .trace_vllm import VllmBackend, tiering_manager
+
+        manager = await asyncio.to_thread(tiering_manager, capacity)  # files: off the loop
+        try:
+            p = await replay(trace, VllmBackend(manager))
+        finally:
+            await asyncio.to_thread(manager.shutdown)
+        extra["peer_us_per_request"] = p.us_per_request
+        extra["peer_deferrals"] = p.deferrals
+        peer = Measure(f"{peer_label} TieringOffloadingManager(lru) over its example tier",
+                       p.hit_ratio)  # fmt: skip
+    return Case(
+        "trace_tiered",
+        {"trace": trace.name, "requests": len(trace.requests), "capacity_share": TIERED_SHARE,
+         "capacity_blocks": capacity, "policy": "lru", "admission": "all",
+         "below": "memory tier holding every block"},
+        "hit ratio", True, r.hit_ratio, peer=peer, extra=extra,
+    )  # fmt: skip
+
+
+async def run(quick: bool, files: Sequence[str | Path] = ()) -> list[Case]:
+    """The trace cases of ``files``, else of the traces shipped with the repository."""
+    paths = [Path(f) for f in files] or shipped_traces()
+    if not paths:
+        reason = (
+            f"no trace given and none found under {SHIPPED_DIR} (they ship with the "
+            "repository, not the package): pass --trace FILE"
+        )
+        return [Case("trace", {}, "hit ratio", True, None, skipped=reason)]
+    out: list[Case] = []
+    for path in paths:
+        out += await trace_cases(path, QUICK_WINDOW if quick else None)
+    return out
