@@ -31,7 +31,10 @@ from .tiers.primary import PrimaryTier
 from .tiers.redis import RedisTier  # redis-py is imported when one is created
 from .tiers.ssd import SSDTier
 
-__all__ = ["EXCLUDED", "config_fields", "engine_from_config", "engine_from_env", "load_config"]
+__all__ = [
+    "EXCLUDED", "config_fields", "engine_from_config", "engine_from_env", "engine_parts",
+    "load_config",
+]  # fmt: skip
 
 _SECTIONS = ("engine", "primary", "demo", "tiers")
 #: Variables of the test suite and the benchmarks (``AIOTIER_TEST_LOOP``), not configuration.
@@ -239,6 +242,20 @@ def engine_arguments(table: Any, where: str = "engine") -> dict[str, Any]:
 
 def engine_from_config(config: Mapping[str, Any], **overrides: Any) -> TieringEngine:
     """An engine (not yet open) from a mapping shaped like ``docs/operations.md`` shows."""
+    primary_args, tiers, engine_args = engine_parts(config, **overrides)
+    primary = PrimaryTier(**primary_args)
+    try:
+        return TieringEngine(primary, tiers, **engine_args)
+    except ConfigError as exc:
+        raise ConfigError(f"engine: {exc}") from exc
+
+
+def engine_parts(
+    config: Mapping[str, Any], **overrides: Any
+) -> tuple[dict[str, Any], list[SecondaryTier], dict[str, Any]]:
+    """What :func:`engine_from_config` builds the engine from: the primary's arguments (checked,
+    the tier not made: a caller may add its own, such as ``shared_memory``), the secondary tiers
+    (not open) and the engine's keyword arguments."""
     if not isinstance(config, Mapping):
         raise ConfigError(f"config: expected a mapping, got {type(config).__name__}")
     unknown = set(config) - set(_SECTIONS)
@@ -253,12 +270,8 @@ def engine_from_config(config: Mapping[str, Any], **overrides: Any) -> TieringEn
         raise ConfigError("tiers: expected an array of tables")
     engine_args = engine_arguments(config.get("engine", {}))
     engine_args.update(overrides)
-    primary = PrimaryTier(**primary_args)
     tiers = [_tier(f"tiers[{i}]", spec) for i, spec in enumerate(tiers_spec)]
-    try:
-        return TieringEngine(primary, tiers, **engine_args)
-    except ConfigError as exc:
-        raise ConfigError(f"engine: {exc}") from exc
+    return primary_args, tiers, engine_args
 
 
 def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:

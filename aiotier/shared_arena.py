@@ -29,7 +29,7 @@ from types import TracebackType
 
 from .errors import ConfigError
 
-__all__ = ["SharedArena"]
+__all__ = ["SharedArena", "create_segment", "segment_name"]
 
 
 class _Segment(shared_memory.SharedMemory):
@@ -49,19 +49,45 @@ def _drop_fd(shm: shared_memory.SharedMemory) -> None:
         shm._fd = -1  # type: ignore[attr-defined]
 
 
-def create_segment(num_blocks: int, block_size: int) -> shared_memory.SharedMemory:
+def segment_name(stem: str, num_blocks: int, block_size: int) -> str:
+    """The name of the segment ``create_segment(num_blocks, block_size, stem)`` makes: the stem
+    and the geometry, which :class:`SharedArena` checks."""
+    return f"{stem}-{num_blocks}x{block_size}"
+
+
+#: What a stem may hold: a POSIX shared-memory name is one path component, 255 bytes at most
+#: on Linux and 31 on macOS (the geometry is appended).
+_STEM = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+
+
+def create_segment(
+    num_blocks: int, block_size: int, stem: str | None = None
+) -> shared_memory.SharedMemory:
     """A new segment of ``num_blocks * block_size`` bytes (zeroed, every page reserved), or a
-    :class:`ConfigError` naming the size. Its name carries the geometry, which
-    :class:`SharedArena` checks. This process's resource tracker removes it if the process
+    :class:`ConfigError` naming the size. Its name is ``stem`` (default: ``aiotier-`` and a
+    random id) followed by the geometry, which :class:`SharedArena` checks; a name already in
+    use is a :class:`ConfigError`. This process's resource tracker removes it if the process
     exits without doing so."""
     nbytes = num_blocks * block_size
-    name = f"aiotier-{secrets.token_hex(4)}-{num_blocks}x{block_size}"
+    if stem is None:
+        stem = f"aiotier-{secrets.token_hex(4)}"
+    elif not isinstance(stem, str) or not _STEM.fullmatch(stem):
+        raise ConfigError(
+            f"shared memory name stem must be 1-200 letters, digits, '_', '.' or '-', got {stem!r}"
+        )
+    name = segment_name(stem, num_blocks, block_size)
     why = (
         f"cannot create a {nbytes}-byte shared-memory arena ({{}}); on Linux it lives in "
         f"/dev/shm, whose size limits it (containers often mount 64 MiB: raise --shm-size)"
     )
     try:
         shm = _Segment(name=name, create=True, size=nbytes)
+    except FileExistsError:
+        raise ConfigError(
+            f"a shared-memory segment named {name!r} exists already: another process uses that "
+            f"name, or one that made it was killed with its resource tracker (on Linux, remove "
+            f"/dev/shm/{name} once nothing uses it)"
+        ) from None
     except OSError as exc:
         raise ConfigError(why.format(exc)) from exc
     fallocate = getattr(os, "posix_fallocate", None)
@@ -155,6 +181,13 @@ class SharedArena:
             raise ValueError(f"slot {slot_id!r} is not in 0..{self.num_blocks - 1}")
         off = slot_id * self.block_size
         return self._view[off : off + self.block_size]
+
+    def slots(self) -> memoryview:
+        """Every slot, writable: slot ``i`` is bytes ``i * block_size`` to ``(i + 1) *
+        block_size`` (for copies of many slots at once, as a tensor over the whole arena)."""
+        if self._view is None:
+            raise ValueError(f"shared arena {self.name!r} is closed")
+        return self._view[:]
 
     def close(self) -> None:
         """Unmap the segment (it stays for the scheduler). Views given out must be released

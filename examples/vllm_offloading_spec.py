@@ -1,4 +1,4 @@
-"""aiotier as vLLM's KV offloading manager, plugged in through a custom offloading spec.
+"""aiotier as vLLM's KV offloading manager: the calls vLLM's scheduler makes, played without vLLM.
 
 vLLM's ``OffloadingConnector`` asks an ``OffloadingSpec`` for two things: a manager, which the
 scheduler drives (lookups, loads, stores, events, the step end), and a worker, which moves the
@@ -13,24 +13,23 @@ whose blocks are on their way up, loads the hits and stores the new blocks of th
 admits (``update_state_after_alloc``, ``build_connector_meta``), finishes them, and ends the step
 (``on_schedule_end``, ``take_events``). A dictionary plays the GPU.
 
-With vLLM installed (its July 2026 layout, ``vllm.v1.kv_offload.base``), this module also
-defines ``AiotierOffloadingSpec``; name it in the connector's configuration::
+Inside vLLM, the manager comes from the spec aiotier ships,
+``aiotier.integrations.vllm.AiotierOffloadingSpec``, with a worker that copies between vLLM's KV
+cache and the arena in vLLM's own processes; name it in vLLM's configuration::
 
     vllm serve MODEL --kv-transfer-config '{"kv_connector": "OffloadingConnector",
         "kv_role": "kv_both", "kv_connector_extra_config": {
-            "spec_name": "AiotierOffloadingSpec", "spec_module_path": "vllm_offloading_spec",
-            "aiotier_num_blocks": 4096, "aiotier_block_bytes": 131072,
-            "aiotier_ssd_path": "/var/cache/aiotier", "aiotier_ssd_bytes": 200000000000}}'
+            "spec_module_path": "aiotier.integrations.vllm", "spec_name": "AiotierOffloadingSpec",
+            "cpu_bytes_to_use": 8000000000,
+            "aiotier": {"tiers": [{"type": "ssd", "path": "/var/cache/aiotier",
+                                   "capacity_bytes": 200000000000}]}}}'
 
-The worker below copies through the specs' memoryviews, so it runs where the scheduler runs:
-vLLM's single-process executor (one GPU). See docs/vllm.md for what multi-process executors
-need.
+(docs/vllm.md, "Run it in vLLM").
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from aiotier import MemoryTier, PrimaryTier
 from aiotier.integrations.vllm import (
@@ -150,90 +149,6 @@ def main() -> None:
     print(f"every loaded block verified; pinned blocks at the end: "
           f"{manager.engine.stats().pinned_blocks}")  # fmt: skip
     manager.shutdown()
-
-
-# -- the vLLM side: only with vLLM installed -------------------------------------------------------
-
-try:  # vLLM's July 2026 layout (PRs #45053, #46363, #46450)
-    from vllm.v1.kv_offload import base as vllm_base
-except ImportError:
-    vllm_base = None
-
-if vllm_base is not None:
-    import warnings
-
-    import torch
-
-    from aiotier import SSDTier
-    from aiotier.integrations.vllm import VllmTypes
-
-    class AiotierVllmManager(AiotierOffloadingManager, vllm_base.OffloadingManager):
-        """vLLM's manager ABC, its methods all supplied by AiotierOffloadingManager."""
-
-    class ArenaCopyWorker(vllm_base.OffloadingWorker):
-        """Copies blocks between vLLM's GPU KV tensors and the primary arena, through the
-        specs' memoryviews (so in the scheduler's process only). One KV-cache group, one GPU
-        block per offloaded block; a block's bytes are its page in every tensor, in order."""
-
-        def __init__(self, kv_caches: Any) -> None:
-            self.tensors = [t.tensor for t in kv_caches.tensors]
-            self.finished: list[Any] = []
-
-        def _gpu_pages(self, block_id: int) -> list[Any]:
-            return [t[block_id].view(-1).view(torch.uint8) for t in self.tensors]
-
-        def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
-            for gpu_id, buf in zip(src_spec.block_ids, dst_spec.buffers, strict=True):
-                data = torch.cat(self._gpu_pages(int(gpu_id))).cpu()
-                torch.frombuffer(buf, dtype=torch.uint8)[: data.numel()].copy_(data)
-            self.finished.append(vllm_base.TransferResult(job_id=job_id, success=True))
-            return True
-
-        def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
-            for buf, gpu_id in zip(src_spec.buffers, dst_spec.block_ids, strict=True):
-                with warnings.catch_warnings():  # load views are read-only; only read here
-                    warnings.simplefilter("ignore", UserWarning)
-                    data = torch.frombuffer(buf, dtype=torch.uint8)
-                offset = 0
-                for page in self._gpu_pages(int(gpu_id)):
-                    page.copy_(data[offset : offset + page.numel()], non_blocking=False)
-                    offset += page.numel()
-            self.finished.append(vllm_base.TransferResult(job_id=job_id, success=True))
-            return True
-
-        def get_finished(self) -> list[Any]:
-            done, self.finished = self.finished, []
-            return done
-
-        def wait(self, job_ids: Any) -> None:
-            return None  # copies finish inside submit_*
-
-        def shutdown(self) -> None:
-            return None
-
-    class AiotierOffloadingSpec(vllm_base.OffloadingSpec):
-        """Name it as ``spec_name`` (with ``spec_module_path``) in the connector's config."""
-
-        def get_manager(self) -> AiotierVllmManager:
-            cfg = self.extra_config
-            secondary = []
-            if cfg.get("aiotier_ssd_path"):
-                secondary.append(
-                    SSDTier(cfg["aiotier_ssd_path"], int(cfg.get("aiotier_ssd_bytes", 1 << 36)))
-                )
-            primary = PrimaryTier(int(cfg["aiotier_num_blocks"]), int(cfg["aiotier_block_bytes"]))
-            return AiotierVllmManager.create(
-                primary, secondary, types=VllmTypes.from_module(vllm_base)
-            )
-
-        def get_worker(self, kv_caches: Any) -> ArenaCopyWorker:
-            page_bytes = sum(t.page_size_bytes for t in kv_caches.tensors)
-            if page_bytes != int(self.extra_config["aiotier_block_bytes"]):
-                raise ValueError(
-                    f"aiotier_block_bytes must be {page_bytes}, the bytes of one block in every "
-                    "KV-cache tensor"
-                )
-            return ArenaCopyWorker(kv_caches)
 
 
 if __name__ == "__main__":

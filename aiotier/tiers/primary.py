@@ -21,7 +21,9 @@ class PrimaryTier:
 
     It is plain synchronous state; the engine drives it. A block holds up to ``block_size`` bytes
     and remembers its length. With ``shared_memory=True`` the slots live in a POSIX
-    shared-memory segment (:attr:`shared_memory_name`) that worker processes map with
+    shared-memory segment (:attr:`shared_memory_name`; ``shared_memory="stem"`` chooses its
+    name, the stem followed by the geometry, for workers that derive it) that worker processes
+    map with
     :class:`~aiotier.SharedArena`; the engine removes its name when it closes (and so does
     the tier's garbage collection, or the process's exit, if no engine ever did; never a
     forked child's). Creating one
@@ -30,17 +32,23 @@ class PrimaryTier:
     """
 
     def __init__(
-        self, num_blocks: int, block_size: int, *, policy: str = "lru", shared_memory: bool = False
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        policy: str = "lru",
+        shared_memory: bool | str = False,
     ) -> None:
         if not isinstance(policy, str):
             raise ConfigError(f"policy must be 'lru' or 'arc', got {policy!r}")
         check_geometry(num_blocks, block_size)
         self._segment: Any = None
         self._release: weakref.finalize[Any, PrimaryTier] | None = None
-        if shared_memory:
+        if shared_memory or isinstance(shared_memory, str):
             from ..shared_arena import create_segment
 
-            self._segment = create_segment(num_blocks, block_size)
+            stem = shared_memory if isinstance(shared_memory, str) else None
+            self._segment = create_segment(num_blocks, block_size, stem)
             self._release = weakref.finalize(self, _unlink, self._segment, os.getpid())
             # at exit the resource tracker removes it; a finalizer would also run in every
             # forked child that exits, under its parent's feet
