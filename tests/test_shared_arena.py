@@ -14,6 +14,7 @@ import textwrap
 import pytest
 
 from aiotier import ConfigError, MemoryTier, PrimaryTier, RequestContext, SharedArena, TieringEngine
+from aiotier.shared_arena import segment_name
 
 BLOCK = 4096
 R1 = RequestContext("r1")
@@ -156,3 +157,27 @@ def test_a_forked_child_that_exits_leaves_its_parents_segment_alone() -> None:
     run = [sys.executable, "-c", _FORKED_CHILD_EXITS]
     done = subprocess.run(run, capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "True", done.stderr
+
+
+def test_a_named_arena_is_found_by_its_stem_and_geometry() -> None:
+    """A worker that knows the stem (vLLM's derives it from the engine id) and the geometry
+    attaches without being told the name; a second arena of that name is refused."""
+    stem = f"aiotier-test-{os.getpid()}"
+    primary = PrimaryTier(2, 64, shared_memory=stem)
+    try:
+        assert primary.shared_memory_name == segment_name(stem, 2, 64) == f"{stem}-2x64"
+        with SharedArena(segment_name(stem, 2, 64), 2, 64) as arena:
+            everything = arena.slots()
+            everything[64:] = b"s" * 64
+            assert len(everything) == 128
+            everything.release()
+            view = arena.slot(1)
+            assert bytes(view) == b"s" * 64
+            view.release()
+        with pytest.raises(ConfigError, match=f"named '{stem}-2x64' exists already"):
+            PrimaryTier(2, 64, shared_memory=stem)
+    finally:
+        primary.release_shared_memory()
+    for bad in ("", "a/b", "x" * 201):
+        with pytest.raises(ConfigError, match="shared memory name stem must be"):
+            PrimaryTier(2, 64, shared_memory=bad)

