@@ -162,8 +162,6 @@ def check_offload_metrics(values: dict[str, float], *, times: bool, deferred: bo
     assert values.get("vllm:kv_offload_lookup_sync_delay_seconds_count", 0) > 0
     if deferred:
         assert values.get("vllm:kv_offload_lookup_async_delay_seconds_count", 0) > 0
-    # sizes of prepare_store allocations: from the manager's get_stats()
-    assert values.get("vllm:kv_offload_cpu_allocation_size_count", 0) > 0, sorted(values)
 
 
 # -- one process ------------------------------------------------------------------------------
@@ -178,6 +176,13 @@ def test_aiotier_in_one_process_gives_the_same_tokens_and_hits(in_process: dict[
     assert metric(run["metrics"], "vllm:external_prefix_cache_hits") == 2 * 3 * 32
     check_offload_metrics(run["metrics"], times=False, deferred=False)
     assert run["segments_while_running"] and not run["segments_after_exit"]
+
+
+def test_vllm_shows_the_managers_allocation_sizes(in_process: dict[str, Any]) -> None:
+    """The sizes of ``prepare_store`` allocations reach vLLM through the manager's
+    ``get_stats()``, as from vLLM's own CPU manager: one observation per store job."""
+    values = in_process["aiotier"]["metrics"]
+    assert values.get("vllm:kv_offload_cpu_allocation_size_count", 0) > 0, sorted(values)
 
 
 def test_a_prefix_comes_back_from_the_ssd(in_process: dict[str, Any]) -> None:
@@ -321,10 +326,11 @@ def test_vllm_serve_in_its_default_layout(
     assert first == second
     assert [[f"w{t - 3}" for t in toks] for toks in ref] == first  # same tokens as one process
     values = prometheus(http(url + "/metrics").decode())
-    check_offload_metrics(values, times=True, deferred=False)
     print(json.dumps({"serve_startup_s": round(startup, 1),
                       "serve_tokens_per_s": round(2 * MAX_TOKENS / first_s, 1),
-                      "load_bytes": metric(values, "vllm:kv_offload_load_bytes")}))  # fmt: skip
+                      "load_bytes": values.get("vllm:kv_offload_load_bytes_total")}))  # fmt: skip
+    check_offload_metrics(values, times=True, deferred=False)
+    assert metric(values, "vllm:external_prefix_cache_hits") == 2 * 3 * 32
 
     # a crash of the scheduler: vLLM exits, and the segment goes with it
     import psutil
@@ -339,4 +345,5 @@ def test_vllm_serve_in_its_default_layout(
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGTERM)  # vLLM's own exit, should it not notice
         proc.wait(60)
-    wait_until(lambda: not glob.glob(f"/dev/shm/{stem}-*"), 60, "the arena's segment to go")
+    # vLLM's orphaned model worker notices its parent's death within about half a minute
+    wait_until(lambda: not glob.glob(f"/dev/shm/{stem}-*"), 180, "the arena's segment to go")

