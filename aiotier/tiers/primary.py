@@ -21,12 +21,11 @@ class PrimaryTier:
 
     It is plain synchronous state; the engine drives it. A block holds up to ``block_size`` bytes
     and remembers its length. With ``shared_memory=True`` the slots live in a POSIX
-    shared-memory segment (:attr:`shared_memory_name`; ``shared_memory="stem"`` chooses its
-    name, the stem followed by the geometry, for workers that derive it) that worker processes
-    map with
-    :class:`~aiotier.SharedArena`; the engine removes its name when it closes (and so does
-    the tier's garbage collection, or the process's exit, if no engine ever did; never a
-    forked child's). Creating one
+    shared-memory segment (:attr:`shared_memory_name`) that worker processes map with
+    :class:`~aiotier.SharedArena`; ``shared_memory="stem"`` names it (the stem, then the
+    geometry), for workers that derive the name rather than being told it. The engine removes
+    its name when it closes (and so does the tier's garbage collection, or the process's exit,
+    if no engine ever did; never a forked child's). Creating one
     makes system calls (and may start Python's resource tracker process): do it before the
     event loop runs, or in a thread (``await asyncio.to_thread(PrimaryTier, ...)``).
     """
