@@ -43,10 +43,6 @@ from aiotier.tiers.primary import PrimaryTier
 
 __all__ = ["AiotierOffloadingSpec", "AiotierVllmManager", "arena_stem"]
 
-#: The histogram vLLM's own CPU spec defines for ``get_stats()``'s allocation sizes.
-_ALLOCATION_SIZE = "vllm:kv_offload_cpu_allocation_size"
-
-
 def arena_stem(engine_id: str) -> str:
     """The shared-memory name of an engine's arena, before its geometry: a hash of vLLM's
     engine id, so any id gives a short, valid name."""
@@ -71,7 +67,7 @@ def _aiotier_config(extra: Mapping[str, Any]) -> dict[str, Any]:
             f'kv_connector_extra_config["aiotier"]: expected a mapping or a TOML file\'s path, '
             f"got {type(raw).__name__}"
         )
-    return {key: value for key, value in raw.items()}
+    return dict(raw)
 
 
 class AiotierOffloadingSpec(vllm_base.OffloadingSpec):
@@ -80,7 +76,9 @@ class AiotierOffloadingSpec(vllm_base.OffloadingSpec):
 
     @classmethod
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
-        """The metrics ``get_stats()`` reports, as vLLM's CPU spec defines them."""
+        """The metrics the manager's ``get_stats()`` may report, as vLLM's CPU spec defines
+        them (``vllm:kv_offload_cpu_allocation_size``, ...). vLLM refuses a reported metric
+        that is not defined here."""
         from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
         definitions: dict[str, Any] = CPUOffloadingSpec.build_metric_definitions(extra_config)
