@@ -58,6 +58,8 @@ except Exception as exc:  # an install that imports but breaks counts as missing
 pytestmark = pytest.mark.timeout(RUN_TIMEOUT + 60)
 
 MAX_TOKENS = 16
+#: one KV block of the tiny model: 2 layers x K and V x 2 KV heads x head_dim 32 x 32 tokens x 4
+CHUNK_BYTES = 2 * 2 * 2 * 32 * 32 * 4
 
 
 def words(seed: int, n: int) -> str:
@@ -248,14 +250,15 @@ def prometheus(text: str) -> dict[str, float]:
 
 @pytest.fixture
 def server(model: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, str]]:
-    """``vllm serve`` with the documented kv-transfer-config (its model, sizes and SSD path
-    swapped for the tiny model's)."""
+    """``vllm serve`` with the documented kv-transfer-config (the model, ``cpu_bytes_to_use``
+    and the SSD tier's path and size swapped for small ones)."""
     argv = documented_command()
     kv_at = argv.index("--kv-transfer-config") + 1
     kv = json.loads(argv[kv_at])
     extra = kv["kv_connector_extra_config"]
-    extra["aiotier"] = ssd_config(tmp_path / "ssd") | {"primary": {"num_blocks": 64}}
-    extra.pop("cpu_bytes_to_use", None)
+    extra["cpu_bytes_to_use"] = 64 * CHUNK_BYTES  # the arena: 64 chunks
+    (ssd,) = extra["aiotier"]["tiers"]
+    ssd.update(path=str(tmp_path / "ssd"), capacity_bytes=64 << 20)
     kv["engine_id"] = f"aiotier-test-{os.getpid()}-{time.monotonic_ns()}"
     argv[kv_at] = json.dumps(kv)
     argv[2] = model  # vllm serve MODEL
@@ -308,7 +311,7 @@ def test_vllm_serve_in_its_default_layout(
 
     wait_until(up, RUN_TIMEOUT, "vllm serve to answer /health")
     startup = time.monotonic() - started
-    assert glob.glob(f"/dev/shm/{stem}-*"), "the arena's segment is not in /dev/shm"
+    assert glob.glob(f"/dev/shm/{stem}-64x{CHUNK_BYTES}"), "no arena of 64 chunks in /dev/shm"
     models = json.loads(http(url + "/v1/models"))
     name = models["data"][0]["id"]
 
