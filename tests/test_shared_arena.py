@@ -163,7 +163,7 @@ def test_a_named_arena_is_found_by_its_stem_and_geometry() -> None:
     """A worker that knows the stem (vLLM's derives it from the engine id) and the geometry
     attaches without being told the name; a second arena of that name is refused."""
     stem = f"aiotier-test-{os.getpid()}"
-    primary = PrimaryTier(2, 64, shared_memory=stem)
+    primary = PrimaryTier(2, 64, shared_memory_stem=stem)
     try:
         assert primary.shared_memory_name == segment_name(stem, 2, 64) == f"{stem}-2x64"
         with SharedArena(segment_name(stem, 2, 64), 2, 64) as arena:
@@ -175,9 +175,9 @@ def test_a_named_arena_is_found_by_its_stem_and_geometry() -> None:
             assert bytes(view) == b"s" * 64
             view.release()
         with pytest.raises(ConfigError, match=f"named '{stem}-2x64' exists already"):
-            PrimaryTier(2, 64, shared_memory=stem)
+            PrimaryTier(2, 64, shared_memory_stem=stem)
     finally:
         primary.release_shared_memory()
     for bad in ("", "a/b", "x" * 201):
         with pytest.raises(ConfigError, match="shared memory name stem must be"):
-            PrimaryTier(2, 64, shared_memory=bad)
+            PrimaryTier(2, 64, shared_memory_stem=bad)

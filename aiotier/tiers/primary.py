@@ -22,8 +22,9 @@ class PrimaryTier:
     It is plain synchronous state; the engine drives it. A block holds up to ``block_size`` bytes
     and remembers its length. With ``shared_memory=True`` the slots live in a POSIX
     shared-memory segment (:attr:`shared_memory_name`) that worker processes map with
-    :class:`~aiotier.SharedArena`; ``shared_memory="stem"`` names it (the stem, then the
-    geometry), for workers that derive the name rather than being told it. The engine removes
+    :class:`~aiotier.SharedArena`; ``shared_memory_stem`` (which implies ``shared_memory``)
+    names it, the stem then the geometry, for workers that derive the name rather than being
+    told it. The engine removes
     its name when it closes (and so does the tier's garbage collection, or the process's exit,
     if no engine ever did; never a forked child's). Creating one
     makes system calls (and may start Python's resource tracker process): do it before the
@@ -36,18 +37,18 @@ class PrimaryTier:
         block_size: int,
         *,
         policy: str = "lru",
-        shared_memory: bool | str = False,
+        shared_memory: bool = False,
+        shared_memory_stem: str | None = None,
     ) -> None:
         if not isinstance(policy, str):
             raise ConfigError(f"policy must be 'lru' or 'arc', got {policy!r}")
         check_geometry(num_blocks, block_size)
         self._segment: Any = None
         self._release: weakref.finalize[Any, PrimaryTier] | None = None
-        if shared_memory or isinstance(shared_memory, str):
+        if shared_memory or shared_memory_stem is not None:
             from ..shared_arena import create_segment
 
-            stem = shared_memory if isinstance(shared_memory, str) else None
-            self._segment = create_segment(num_blocks, block_size, stem)
+            self._segment = create_segment(num_blocks, block_size, shared_memory_stem)
             self._release = weakref.finalize(self, _unlink, self._segment, os.getpid())
             # at exit the resource tracker removes it; a finalizer would also run in every
             # forked child that exits, under its parent's feet

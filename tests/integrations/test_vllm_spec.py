@@ -183,7 +183,7 @@ def test_store_then_load_round_trips_through_slot_ids(bpc: int, first: int) -> N
     pages = [64, 32]
     kv = kv_caches(pages, [[0, 1]])
     stem = "aiotier-test-" + uuid.uuid4().hex[:12]
-    primary = PrimaryTier(8, sum(pages) * bpc, shared_memory=stem)
+    primary = PrimaryTier(8, sum(pages) * bpc, shared_memory_stem=stem)
     worker = make_worker(kv, primary, stem, bpc)
     try:
         n = 5
@@ -223,7 +223,7 @@ def test_groups_copy_only_their_own_tensors() -> None:
     pages = [16, 48]
     kv = kv_caches(pages, [[0], [1]])
     stem = "aiotier-test-" + uuid.uuid4().hex[:12]
-    primary = PrimaryTier(4, sum(pages) * 2, shared_memory=stem)
+    primary = PrimaryTier(4, sum(pages) * 2, shared_memory_stem=stem)
     worker = make_worker(kv, primary, stem, bpc=2)
     try:
         spec = vb.GPULoadStoreSpec([1, 2, 3, 4], group_sizes=[2, 2], block_indices=[0, 2])
@@ -247,7 +247,7 @@ def test_groups_copy_only_their_own_tensors() -> None:
 def test_two_ranks_share_a_chunk_each_in_its_part() -> None:
     pages = [32]
     stem = "aiotier-test-" + uuid.uuid4().hex[:12]
-    primary = PrimaryTier(2, 2 * 32, shared_memory=stem)
+    primary = PrimaryTier(2, 2 * 32, shared_memory_stem=stem)
     kvs = [kv_caches(pages, [[0]]), kv_caches(pages, [[0]])]
     kvs[1].tensors[0].tensor.add_(100)
     workers = [

@@ -38,6 +38,7 @@ from vllm.v1.kv_offload import base as vllm_base
 from aiotier.config import engine_parts, load_config
 from aiotier.errors import ConfigError
 from aiotier.integrations.vllm.manager import AiotierOffloadingManager, VllmTypes
+from aiotier.integrations.vllm.stats import metric_definitions
 from aiotier.integrations.vllm.worker import ArenaWorker
 from aiotier.tiers.primary import PrimaryTier
 
@@ -76,13 +77,9 @@ class AiotierOffloadingSpec(vllm_base.OffloadingSpec):
 
     @classmethod
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
-        """The metrics the manager's ``get_stats()`` may report, as vLLM's CPU spec defines
-        them (``vllm:kv_offload_cpu_allocation_size``, ...). vLLM refuses a reported metric
-        that is not defined here."""
-        from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
-
-        definitions: dict[str, Any] = CPUOffloadingSpec.build_metric_definitions(extra_config)
-        return definitions
+        """The metrics the manager's ``get_stats()`` reports (vLLM refuses a reported metric
+        that its spec does not define)."""
+        return metric_definitions(vllm_base)
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
@@ -138,7 +135,7 @@ class AiotierOffloadingSpec(vllm_base.OffloadingSpec):
         if self._manager is None:
             config = {**self.aiotier_config, "primary": self._primary}
             primary_args, tiers, engine_args = engine_parts(config)
-            primary = PrimaryTier(**primary_args, shared_memory=self.arena_stem)
+            primary = PrimaryTier(**primary_args, shared_memory_stem=self.arena_stem)
             try:
                 manager = AiotierVllmManager.create(
                     primary,
