@@ -197,6 +197,8 @@ def test_a_prefix_comes_back_from_the_ssd(in_process: dict[str, Any]) -> None:
     assert counters["aiotier.promotions{outcome=ok,tier=ssd}"] == 3, counters
     assert counters["aiotier.lookups{result=hit,tier=ssd}"] == 3, counters
     assert metric(run["metrics"], "vllm:external_prefix_cache_hits") == 6 * 32
+    # and vLLM shows it: the manager's get_stats() reports the bytes promoted per tier
+    assert metric(run["metrics"], "vllm:kv_offload_tiering_read_bytes") == 3 * 2 * CHUNK_BYTES
     assert not run["segments_after_exit"]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import glob
 import os
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,10 @@ try:
     import torch
     from vllm.v1.kv_offload import base as vb
     from vllm.v1.kv_offload import config as vc
+
+    with warnings.catch_warnings():  # vLLM's and torch's own, at import: not the code under test
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics  # noqa: F401
 except Exception as exc:
     if REQUIRED:
         raise RuntimeError(f"AIOTIER_TEST_VLLM=required and vLLM does not import: {exc!r}") from exc
