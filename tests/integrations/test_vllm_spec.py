@@ -110,6 +110,8 @@ def test_missing_or_wrong_aiotier_config_is_named() -> None:
         AiotierOffloadingSpec(offloading_config({}))
     with pytest.raises(ConfigError, match="expected a mapping or a TOML file's path, got int"):
         AiotierOffloadingSpec(offloading_config({"aiotier": 3}))
+    with pytest.raises(ConfigError, match=r"primary\.num_blocks: expected int, got 'many'"):
+        AiotierOffloadingSpec(offloading_config({"aiotier": {"primary": {"num_blocks": "many"}}}))
     with pytest.raises(ConfigError, match="primary: expected a table, got 3"):
         AiotierOffloadingSpec(offloading_config({"aiotier": {"primary": 3}}))
     with pytest.raises(ConfigError, match=r"tiers\[0\]\.type: expected one of"):
@@ -120,9 +122,10 @@ def test_missing_or_wrong_aiotier_config_is_named() -> None:
 
 def test_the_manager_owns_the_named_segment_and_removes_it() -> None:
     engine_id = uuid.uuid4().hex
-    spec = AiotierOffloadingSpec(
-        offloading_config({"aiotier": {"primary": {"num_blocks": 4}}}, engine_id=engine_id)
-    )
+    # a stem or shared_memory in the config cannot move the arena from where workers look
+    primary = {"num_blocks": 4, "shared_memory": False, "shared_memory_stem": "elsewhere"}
+    extra = {"aiotier": {"primary": primary}}
+    spec = AiotierOffloadingSpec(offloading_config(extra, engine_id=engine_id))
     manager = spec.get_manager()
     assert isinstance(manager, vb.OffloadingManager)
     name = f"{arena_stem(engine_id)}-4x1024"

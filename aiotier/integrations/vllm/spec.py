@@ -125,7 +125,13 @@ class AiotierOffloadingSpec(vllm_base.OffloadingSpec):
                     f"cpu_bytes_to_use={budget} holds no offloaded chunk of {self.block_size} "
                     f"bytes"
                 )
-        self.num_blocks = int(self._primary["num_blocks"])
+        try:
+            self.num_blocks = int(self._primary["num_blocks"])
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"aiotier config: primary.num_blocks: expected int, got "
+                f"{self._primary['num_blocks']!r}"
+            ) from None
         self.arena_stem = arena_stem(str(config.engine_id))
         self._manager: AiotierVllmManager | None = None
         self._worker: ArenaWorker | None = None
@@ -135,7 +141,10 @@ class AiotierOffloadingSpec(vllm_base.OffloadingSpec):
         if self._manager is None:
             config = {**self.aiotier_config, "primary": self._primary}
             primary_args, tiers, engine_args = engine_parts(config)
-            primary = PrimaryTier(**primary_args, shared_memory_stem=self.arena_stem)
+            # the arena is always shared, under the name the workers derive
+            primary_args.pop("shared_memory", None)
+            primary_args["shared_memory_stem"] = self.arena_stem
+            primary = PrimaryTier(**primary_args)
             try:
                 manager = AiotierVllmManager.create(
                     primary,
