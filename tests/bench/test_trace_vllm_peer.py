@@ -1,6 +1,7 @@
 """The trace case's peer: vLLM's own managers replayed through the same scheduler path. Runs
 where vLLM imports (the real-vLLM CI step), skips elsewhere with the reason; with
-``AIOTIER_TEST_REQUIRE_VLLM=1`` (set it in that step) a vLLM that does not import fails them."""
+``AIOTIER_TEST_VLLM=required`` (set by scripts/vllm_ci.sh) a vLLM that does not import fails
+them."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from aiotier_bench.trace_vllm import VllmBackend, tiering_manager, vllm_manager,
 from aiotier_bench.traces import Trace, TraceRequest
 
 _missing = vllm_unavailable()
-if _missing is not None and os.environ.get("AIOTIER_TEST_REQUIRE_VLLM") == "1":
-    raise RuntimeError(f"AIOTIER_TEST_REQUIRE_VLLM=1 but {_missing}")
+if _missing is not None and os.environ.get("AIOTIER_TEST_VLLM") == "required":
+    raise RuntimeError(f"AIOTIER_TEST_VLLM=required but {_missing}")
 pytestmark = pytest.mark.skipif(_missing is not None, reason=_missing or "")
 
 

@@ -14,6 +14,7 @@ so with :attr:`Subject.v033`.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,9 @@ from aiotier.integrations.vllm import AiotierOffloadingManager, VllmTypes
 try:
     vllm_base: Any = importlib.import_module("vllm.v1.kv_offload.base")
     VLLM_VERSION = tuple(int(p) for p in importlib.import_module("vllm").__version__.split(".")[:2])
-except ImportError:  # no vLLM here: the stand-ins alone
+except ImportError as exc:  # no vLLM here: the stand-ins alone
+    if os.environ.get("AIOTIER_TEST_VLLM") == "required":  # the real-vLLM CI step
+        raise RuntimeError(f"AIOTIER_TEST_VLLM=required and vLLM does not import: {exc!r}") from exc
     vllm_base = None
     VLLM_VERSION = ()
 
