@@ -24,7 +24,7 @@ MiB = 1 << 20
 
 _CHILD = textwrap.dedent(
     """
-    import asyncio, json, resource, sys
+    import asyncio, json, os, resource, sys
     from aiotier import ObjectStoreTier
 
     async def main(url, bucket, prefix, block_size):
@@ -44,6 +44,8 @@ _CHILD = textwrap.dedent(
                           "grown_mib": grown / 1024}))
 
     asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])))
+    sys.stdout.flush()
+    os._exit(0)  # not through interpreter teardown, where obstore's runtime now and then aborts
     """
 )
 
