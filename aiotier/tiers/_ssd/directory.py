@@ -131,13 +131,18 @@ def _lock(root: str, where: str) -> tuple[int, int]:
         raise TierUnavailableError(f"{where}: cannot open the directory: {exc}") from exc
     try:
         fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        st = os.stat(root)
-        if (st.st_dev, st.st_ino) != (os.fstat(dir_fd).st_dev, os.fstat(dir_fd).st_ino):
-            raise TierUnavailableError(f"{where}: the directory was replaced while opening")
+        st, mine = os.stat(root), os.fstat(dir_fd)
+        if (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino):
+            raise FileNotFoundError(root)
         return dir_fd, _lock_file(root, where)
     except BlockingIOError as exc:
         os.close(dir_fd)
         raise TierUnavailableError(f"{where}: {_LOCKED_MESSAGE}") from exc
+    except FileNotFoundError as exc:  # an opener that made it failed, and removed it
+        os.close(dir_fd)
+        raise TierUnavailableError(
+            f"{where}: the directory was removed or replaced while opening; try again"
+        ) from exc
     except BaseException:
         os.close(dir_fd)
         raise
