@@ -44,6 +44,7 @@ from ._core.metrics import (
 )
 from ._core.stats import StepSnapshot
 from ._http_server import BoundedWSGIServer, QuietHandler
+from ._validate import check_int, check_positive
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -431,10 +432,8 @@ def start_prometheus_server(
     A client has ``read_timeout`` seconds to send its request; at most ``max_connections``
     are served at once, and one more is answered 503 at once (``docs/security.md``).
     """
-    if not (isinstance(read_timeout, int | float) and read_timeout > 0):
-        raise ValueError(f"read_timeout must be > 0 seconds, got {read_timeout!r}")
-    if not (isinstance(max_connections, int) and max_connections > 0):
-        raise ValueError(f"max_connections must be a positive int, got {max_connections!r}")
+    read_timeout = check_positive("read_timeout", read_timeout)
+    max_connections = check_int("max_connections", max_connections)
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import CollectorRegistry, make_wsgi_app
 
@@ -445,7 +444,7 @@ def start_prometheus_server(
     class Server(BoundedWSGIServer):
         pass
 
-    Server.read_timeout, Server.max_connections = float(read_timeout), max_connections
+    Server.read_timeout, Server.max_connections = read_timeout, max_connections
 
     info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     Server.address_family, addr = info[0][0], str(info[0][4][0])

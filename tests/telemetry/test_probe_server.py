@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 
+from aiotier import ConfigError
 from aiotier.telemetry import start_prometheus_server
 
 HALF_REQUEST = b"GET /healthz HTTP/1.1\r\nHost: x\r\n"  # no blank line: never finished
@@ -122,5 +123,5 @@ def test_the_listen_backlog_holds_a_burst(serve: tuple[int, MeterProvider]) -> N
     [({"read_timeout": 0}, "read_timeout"), ({"max_connections": 0}, "max_connections")],
 )
 def test_bad_bounds_are_refused(kwargs: dict[str, float], match: str) -> None:
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ConfigError, match=match):
         start_prometheus_server(port=free_port(), **kwargs)  # type: ignore[arg-type]
