@@ -67,6 +67,7 @@ class QuietHandler(WSGIRequestHandler):
         self.connection.settimeout(self.server.read_timeout)
         deadline = time.monotonic() + self.server.read_timeout
         raw = _DeadlineReader(self.connection, deadline, self.server.read_timeout)
+        self.rfile.close()  # the plain reader setup() made: replaced by one with the deadline
         self.rfile = io.BufferedReader(raw)
 
     def handle(self) -> None:
