@@ -250,10 +250,9 @@ class TieringEngine:
         exclude_tier: SecondaryTier | str | None = None,
     ) -> LookupResult:
         """HIT, MISS or RETRY for one key (see the scheduler protocol)."""
-        try:
-            slot = self._index.get(key)  # type: ignore[arg-type]
-        except TypeError:
-            slot = None
+        # only a bytes key takes the fast path: a memoryview hashes and compares equal to the
+        # bytes it views, and must get the error every other path gives it
+        slot = self._index.get(key) if key.__class__ is bytes else None
         if (
             slot is not None
             and self._state[slot] == READY
@@ -286,7 +285,7 @@ class TieringEngine:
         The scan goes on past a RETRY, so the promotions of later keys start at once.
         """
         keys = _key_sequence(keys, req)
-        if self._fast and self._all_ready(keys):  # type: ignore[arg-type]
+        if self._fast and _only_bytes(keys) and self._all_ready(keys):  # type: ignore[arg-type]
             # all hits (a miss, a str key or a bad one goes the slow way: it answers or names it)
             n = len(keys)
             self._stats.primary_hit += n
@@ -308,7 +307,7 @@ class TieringEngine:
         """
         keys = _key_sequence(keys, req)
         check_positive("timeout", timeout, allow_zero=True)
-        if self._fast and self._all_ready(keys):  # type: ignore[arg-type]
+        if self._fast and _only_bytes(keys) and self._all_ready(keys):  # type: ignore[arg-type]
             ready = len(keys)
             self._stats.primary_hit += ready
         else:
@@ -614,6 +613,15 @@ class TieringEngine:
             if t is tier or t.name == tier:
                 return i
         raise ValueError(f"exclude_tier {tier!r} is not one of this engine's secondary tiers")
+
+
+def _only_bytes(keys: Sequence[object]) -> bool:
+    """Whether every key is a ``bytes`` (one C-level pass): a primary hit answered for others,
+    such as a memoryview equal to a stored key, would skip the key check."""
+    return _BYTES.issuperset(map(type, keys))
+
+
+_BYTES: frozenset[type] = frozenset({bytes})
 
 
 def _key_sequence(

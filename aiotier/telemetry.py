@@ -22,10 +22,9 @@ import socket
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import make_server
 
 from opentelemetry import metrics
 from opentelemetry.context import Context
@@ -44,6 +43,8 @@ from ._core.metrics import (
     metric,
 )
 from ._core.stats import StepSnapshot
+from ._http_server import BoundedWSGIServer, QuietHandler
+from ._validate import check_int, check_positive
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -380,15 +381,6 @@ class _ServingMeterProvider(SDKMeterProvider):
         super().shutdown(timeout_millis=timeout_millis)
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # probes every few seconds: no log
-        pass
-
-
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # a slow client never holds the process up at exit
-
-
 def _json(
     start_response: StartResponse, status: str, doc: Mapping[str, Any]
 ) -> list[bytes]:
@@ -420,6 +412,8 @@ def start_prometheus_server(
     host: str = "127.0.0.1",
     *,
     metric_readers: Sequence[MetricReader] = (),
+    read_timeout: float = 10.0,
+    max_connections: int = 64,
 ) -> SDKMeterProvider:
     """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port``; return the provider.
 
@@ -434,7 +428,12 @@ def start_prometheus_server(
     ``metric_readers`` are added to the provider next to the Prometheus reader (the demo adds
     an in-memory one for its summary). ``provider.shutdown()`` stops the server. The default
     host is loopback only: expose it wider on purpose, not by accident.
+
+    A client has ``read_timeout`` seconds to send its request; at most ``max_connections``
+    are served at once, and one more is answered 503 at once (``docs/security.md``).
     """
+    read_timeout = check_positive("read_timeout", read_timeout)
+    max_connections = check_int("max_connections", max_connections)
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import CollectorRegistry, make_wsgi_app
 
@@ -442,14 +441,16 @@ def start_prometheus_server(
     reader = PrometheusMetricReader(registry=registry)
     provider = _ServingMeterProvider(metric_readers=[reader, *metric_readers])
 
-    class Server(_ThreadingServer):
+    class Server(BoundedWSGIServer):
         pass
+
+    Server.read_timeout, Server.max_connections = read_timeout, max_connections
 
     info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     Server.address_family, addr = info[0][0], str(info[0][4][0])
     app = _probe_app(make_wsgi_app(registry), provider.health_checks)
     try:
-        server = make_server(addr, port, app, Server, handler_class=_QuietHandler)
+        server = make_server(addr, port, app, Server, handler_class=QuietHandler)
     except OSError as exc:
         provider.shutdown()
         raise OSError(exc.errno, f"cannot serve metrics on {host}:{port}: {exc.strerror}") from exc

@@ -273,12 +273,17 @@ class EngineCore:
                     "nothing was pinned"
                 )
             slots.append(slot)
-        self.pins.pin_loads(self.request(req_id), ks, slots)
+        rs = self.request(req_id)
+        self.pins.pin_loads(rs, ks, slots)
         view = self.arena.data_view
-        return LoadSpec(tuple(slots), tuple(view(s) for s in slots))
+        views = tuple(view(s) for s in slots)
+        rs.load_views.hold(ks, views)
+        return LoadSpec(tuple(slots), views)
 
     def complete_load(self, ks: Sequence[bytes], req_id: str | None = None) -> None:
-        self.pins.unpin_loads(self.known_request(req_id), ks)
+        rs = self.known_request(req_id)
+        self.pins.unpin_loads(rs, ks)
+        rs.load_views.release(ks, latest=True)
 
     def touch(self, ks: Iterable[bytes], *, first_use: bool = False) -> None:
         """Mark blocks used, in order (the last one the most recent); ``first_use`` counts each
@@ -328,6 +333,7 @@ class EngineCore:
             store_deadline[slot] = deadline
         view = self.arena.slot_view
         spec = StoreSpec(tuple(slots), tuple(view(s) for s in slots))
+        rs.store_views.hold(new, spec.buffers)
         return PrepareStoreOutput(tuple(new), spec, tuple(evicted_keys))
 
     def _admit(self, new: list[bytes], protected: list[int]) -> list[bytes]:
@@ -366,6 +372,7 @@ class EngineCore:
                     raise ValueError(f"size {n!r} of block {k[:64]!r} is not in 0..{bs}")
         rs = self.known_request(req_id)
         self.pins.check_stores(rs, ks)
+        rs.store_views.release(ks, latest=False)
         table = self.table
         stored: list[bytes] = []
         for k, n in zip(ks, lengths, strict=True):
@@ -487,6 +494,8 @@ class EngineCore:
             self.events.append(BlockEvent(tuple(removed), self.primary_name, True))
         for rs in (*self.requests.live(), self.requests.anonymous):
             self.pins.cancel(rs)
+            rs.load_views.cancel()
+            rs.store_views.cancel()
         if not secondary:
             return
         self.writes.drop_all(failed=False)
@@ -498,6 +507,8 @@ class EngineCore:
         """Loads and stores a clear cancelled will never complete: their slots are released."""
         for rs in (*self.requests.live(), self.requests.anonymous):
             self.pins.release_cancelled(rs)
+            rs.load_views.release_cancelled()
+            rs.store_views.release_cancelled()
 
     def cached(self, k: bytes) -> bytes | None:
         """``get``'s hit: the bytes of ``k`` from the primary, or on their way down (put back
@@ -568,6 +579,8 @@ class EngineCore:
 
     def release_request(self, rs: RequestState) -> None:
         """A finished request lets go of everything it held; its pending stores are aborted."""
+        rs.load_views.release_all()
+        rs.store_views.release_all()
         for k, slot in self.pins.release_request(rs):
             self.inflight.store_deadline.pop(slot, None)
             if self.table.state[slot] == PENDING and self.table.owns(k, slot):

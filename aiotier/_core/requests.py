@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from .views import HandedViews
+
 __all__ = ["RequestBook", "RequestState", "StepDelays"]
 
 
@@ -41,6 +43,9 @@ class RequestState:
     # the caller may still read or write them, until completed, released, or the request ends
     cleared_loads: dict[bytes, list[int]] = field(default_factory=dict)
     cleared_stores: dict[bytes, list[int]] = field(default_factory=dict)
+    # the views handed out by prepare_load / prepare_store, released at complete_*
+    load_views: HandedViews = field(default_factory=HandedViews)
+    store_views: HandedViews = field(default_factory=HandedViews)
 
     def add_sync(self, seconds: float) -> None:
         self.sync_delay += seconds

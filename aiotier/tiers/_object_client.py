@@ -31,7 +31,15 @@ from ..errors import ConfigError, TieringError
 if TYPE_CHECKING:
     from types import ModuleType
 
-__all__ = ["ObstoreClient", "Refused", "ServerBusy", "Unreachable", "classify", "import_obstore"]
+__all__ = [
+    "ObjectTooLarge",
+    "ObstoreClient",
+    "Refused",
+    "ServerBusy",
+    "Unreachable",
+    "classify",
+    "import_obstore",
+]
 
 _T = TypeVar("_T")
 
@@ -58,6 +66,15 @@ class Unreachable(TieringError):
 
 class Refused(TieringError):
     """The server answered with a 4xx that another try will not change."""
+
+
+class ObjectTooLarge(Exception):
+    """A GET's response announced more bytes than the caller takes: its body was not read."""
+
+    def __init__(self, size: int, etag: str) -> None:
+        super().__init__(f"{size} bytes")
+        self.size = size
+        self.etag = etag
 
 
 def import_obstore() -> ModuleType:
@@ -144,6 +161,8 @@ class ObstoreClient:
         """``request()``; ``None`` when the object does not exist; failures classified."""
         try:
             return await request()
+        except ObjectTooLarge:
+            raise
         except Exception as exc:
             kind = classify(exc)
             if kind is None:
@@ -157,13 +176,20 @@ class ObstoreClient:
             return None
         return str(meta.get("e_tag") or "")
 
-    async def get(self, name: str) -> tuple[memoryview, str] | None:
-        """The object's bytes (a view of obstore's buffer: no copy) and ETag, or None."""
+    async def get(self, name: str, limit: int) -> tuple[memoryview, str] | None:
+        """The object's bytes (a view of obstore's buffer: no copy) and ETag, or None;
+        :class:`ObjectTooLarge` when the response's headers announce more than ``limit`` bytes
+        (anyone who can write the bucket can put a huge object under a block's name: its
+        body is dropped unread, the connection with it)."""
         obs = self._obs
 
         async def request() -> tuple[memoryview, str]:
             result = await obs.get_async(self.store, name)
             etag = str(result.meta.get("e_tag") or "")
+            size = int(result.meta["size"])
+            if size > limit:
+                del result
+                raise ObjectTooLarge(size, etag)
             return memoryview(await result.bytes_async()), etag
 
         return await self._run(request)

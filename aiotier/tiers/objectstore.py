@@ -37,7 +37,7 @@ from ..errors import BlockCorruptedError, ConfigError, TieringError
 from ._batches import LastWrites
 from ._late_writes import LateWriteGuard
 from ._lookahead import LookAhead
-from ._object_client import ObstoreClient, Refused, ServerBusy, Unreachable
+from ._object_client import ObjectTooLarge, ObstoreClient, Refused, ServerBusy, Unreachable
 from ._object_memory import ObjectMemory
 from ._object_requests import ObjectRequests, RequestingTier
 from ._outage import GuardedTier, ServerGuard
@@ -319,14 +319,24 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
         if not asked:
             return out
         deadline = self._requests.deadline()
-        fetch = self._fetch_count(keys, asked)
+        frame = self._lookahead_frame(keys, asked)
+        fetch = self._fetch_count(len(asked), frame)
         mark = self._lookahead.begin()
 
         async def ask(j: int) -> str | None:
             name = names[asked[j]]
             if j >= fetch:
                 return await self._requests.send("lookup", lambda: self.client.head(name), deadline)
-            got = await self._requests.send("lookup", lambda: self.client.get(name), deadline)
+            limit = self._frame_max(keys[asked[j]]) or frame
+            try:
+                got = await self._requests.send(
+                    "lookup", lambda: self.client.get(name, limit), deadline
+                )
+            except ObjectTooLarge as exc:  # not a block of this engine's size: a MISS
+                if self._block_size is None:  # or maybe one: answered as a HEAD would be
+                    return exc.etag
+                self._corrupted(name, exc.etag)
+                return None
             if got is None:
                 return None
             body, etag = got
@@ -355,14 +365,22 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
             raise first
         return out
 
-    def _fetch_count(self, keys: Sequence[bytes], asked: list[int]) -> int:
-        """How many of the ``asked`` keys a lookup GETs: as many bodies as the look-ahead has
-        room for (frames sized by the engine's block size, else the largest seen)."""
+    def _fetch_count(self, asked: int, frame: int) -> int:
+        """How many of ``asked`` keys a lookup GETs: as many bodies of ``frame`` bytes as the
+        look-ahead has room for."""
         if not self._lookahead.enabled:
             return 0
+        return min(asked, self._lookahead.room(frame))
+
+    def _lookahead_frame(self, keys: Sequence[bytes], asked: list[int]) -> int:
+        """The frame size a lookup plans its GETs for: from the engine's block size, else the
+        largest seen (a GET announcing more is not read)."""
         payload = self._block_size or self._largest_frame or _FRAME_GUESS
-        frame = HEADER.size + max(len(keys[i]) for i in asked) + payload
-        return min(len(asked), self._lookahead.room(frame))
+        return HEADER.size + max(len(keys[i]) for i in asked) + payload
+
+    def _frame_max(self, key: bytes) -> int | None:
+        """The longest frame of ``key`` a block of this engine makes (None: size not known)."""
+        return None if self._block_size is None else HEADER.size + len(key) + self._block_size
 
     async def read_many_into(
         self, keys: Sequence[bytes], bufs: Sequence[memoryview]
@@ -396,9 +414,26 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
         deadline = self._requests.deadline()
 
         async def one(i: int) -> int:
-            name = names[i]
-            got = await self._requests.send("read", lambda: self.client.get(name), deadline)
-            return self._deliver(keys[i], name, got, bufs[i])
+            key, name, buf = keys[i], names[i], bufs[i]
+            limit = HEADER.size + len(key) + len(buf)
+            try:
+                got = await self._requests.send(
+                    "read", lambda: self.client.get(name, limit), deadline
+                )
+            except ObjectTooLarge as exc:
+                frame_max = self._frame_max(key)
+                if frame_max is not None and exc.size > frame_max:
+                    self._corrupted(name, exc.etag)
+                    raise BlockCorruptedError(
+                        f"object tier {self.name!r}: {name}: {exc.size} bytes, more than a "
+                        f"block of {self._block_size} bytes makes; not read"
+                    ) from None
+                payload = exc.size - HEADER.size - len(key)
+                raise ValueError(
+                    f"object tier {self.name!r}: block {key[:64]!r} is {payload} bytes, buffer "
+                    f"holds {len(buf)} (by its object's size: not read)"
+                ) from None
+            return self._deliver(key, name, got, buf)
 
         for i, outcome in zip(fetch, await self._requests.each(fetch, one), strict=True):
             out[i] = outcome

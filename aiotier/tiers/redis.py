@@ -6,10 +6,12 @@ nothing is ever unpickled. Keys are ``namespace:`` plus a hash of the block key,
 key (up to 1024 bytes, any bytes) maps to a short, safe Redis key.
 
 Batches cost one round trip: lookups run one small Lua script (pipelined ``EXISTS`` on a
-cluster or where scripts are not allowed), reads one ``MGET`` (a per-node pipeline of ``GET``
-on a cluster), writes one non-transactional pipeline of ``SET``. On plain TCP and unix sockets
-the batched read bypasses redis-py's parser (see ``_resp``): the kernel copies each payload
-straight into the caller's buffer, and a large batch is split over a few connections at once.
+cluster or where scripts are not allowed), writes one non-transactional pipeline of ``SET``.
+On plain TCP and unix sockets a batched read is an ``MGET`` that bypasses redis-py's parser
+(see ``_resp``): the kernel copies each payload straight into the caller's buffer, and a large
+batch is split over a few connections at once. Other reads are one pipeline of ``GETRANGE``
+(per node on a cluster), each bounded by its buffer, so a huge value planted under a block's
+key is never read whole (``_redis_reads``).
 
 A server that goes away must not slow the engine down: every call is bounded by ``timeout``,
 and after ``failure_threshold`` consecutive connection failures a circuit opens, so calls fail
@@ -44,9 +46,10 @@ from ._batches import LastWrites
 from ._late_writes import LateWriteGuard
 from ._outage import GuardedTier, ServerGuard
 from ._redis_late import guarded_write, noting_retry, refuse_late_copies
+from ._redis_reads import bounded_payload_into, frame_limit, get_ranges
 from ._resp import RespReaderPool, RespServerError, fast_reader_target
 from .base import SecondaryTier, TierUsage
-from .framing import block_digest, encode_frame, payload_into
+from .framing import block_digest, encode_frame
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -97,9 +100,6 @@ class _SingleServer:
     def connect(self, redis_asyncio: ModuleType, url: str, kwargs: dict[str, Any]) -> Any:
         return redis_asyncio.Redis.from_url(url, **kwargs)
 
-    async def get_many(self, client: Any, rkeys: list[bytes]) -> list[bytes | None]:
-        return list(await client.mget(rkeys))
-
     async def delete_many(self, client: Any, keys: list[bytes]) -> int:
         return int(await client.delete(*keys))
 
@@ -115,12 +115,6 @@ class _Cluster(_SingleServer):
         from redis.asyncio.cluster import RedisCluster
 
         return RedisCluster.from_url(url, **kwargs)
-
-    async def get_many(self, client: Any, rkeys: list[bytes]) -> list[bytes | None]:
-        pipe = _pipeline(client)
-        for rkey in rkeys:
-            pipe.get(rkey)
-        return list(await pipe.execute())
 
     async def delete_many(self, client: Any, keys: list[bytes]) -> int:
         pipe = _pipeline(client)
@@ -296,17 +290,6 @@ class RedisTier(GuardedTier, SecondaryTier):
         """The Redis key that holds ``key``: ``namespace:`` and 32 hex digits of BLAKE2b."""
         return self._prefix + block_digest(key).hex().encode("ascii")
 
-    def _decode_into(self, key: bytes, value: bytes | None, buf: memoryview) -> int | Exception:
-        """One value as redis-py returned it, reported as the zero-copy reader reports one:
-        the payload copied into ``buf`` (the only copy made) and its length, -1 when absent,
-        or what is wrong with it (the tier is named by :meth:`_settle_reads`)."""
-        if value is None:
-            return -1
-        try:
-            return payload_into(value, key, buf)
-        except (BlockCorruptedError, ValueError) as exc:
-            return exc
-
     # -- the call wrapper and the breaker --------------------------------------------------------
 
     def _safe_url(self) -> str:
@@ -362,10 +345,10 @@ class RedisTier(GuardedTier, SecondaryTier):
 
     async def read_into(self, key: bytes, buf: memoryview) -> int:
         rkey = self.redis_key(key)
-        value = await self._call("read", lambda c: c.get(rkey))
-        (outcome,) = await self._settle_reads(
-            [rkey], [buf], [self._decode_into(key, value, buf)]
-        )
+        limit = frame_limit(key, buf)
+        (value,) = await self._call("read", lambda c: get_ranges(c, [rkey], [limit]))
+        got = bounded_payload_into(value, key, buf)
+        (outcome,) = await self._settle_reads([rkey], [buf], [got])
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
@@ -481,7 +464,7 @@ class RedisTier(GuardedTier, SecondaryTier):
     async def read_many_into(
         self, keys: Sequence[bytes], bufs: Sequence[memoryview]
     ) -> list[int | Exception]:
-        """All keys in one round trip (one ``MGET``; a pipeline per node on a cluster)."""
+        """All keys in one round trip (see the module doc)."""
         if len(keys) != len(bufs):
             raise ValueError(f"{len(keys)} keys but {len(bufs)} buffers")
         if not keys:
@@ -497,11 +480,10 @@ class RedisTier(GuardedTier, SecondaryTier):
     async def _read_pooled(
         self, client: Any, keys: Sequence[bytes], rkeys: list[bytes], bufs: Sequence[memoryview]
     ) -> list[int | Exception]:
-        """redis-py's ``MGET`` (per-node ``GET``s on a cluster), each value verified and copied
-        into its buffer."""
-        values = await self._deployment.get_many(client, rkeys)
-        decode = self._decode_into
-        return [decode(k, v, b) for k, v, b in zip(keys, values, bufs, strict=True)]
+        """redis-py's pipeline of bounded ``GETRANGE`` (:mod:`._redis_reads`), each value
+        verified and copied into its buffer."""
+        values = await get_ranges(client, rkeys, list(map(frame_limit, keys, bufs)))
+        return list(map(bounded_payload_into, values, keys, bufs))
 
     async def _read_fast(
         self, _client: Any, keys: Sequence[bytes], rkeys: list[bytes], bufs: Sequence[memoryview]

@@ -205,9 +205,19 @@ class SSDTier(SecondaryTier):
         try:
             if settled:  # else disk work still runs: the next open scans instead
                 try:
-                    await runner.call(write_checkpoint, files.root, files.geometry, self._index)
+                    saved = await runner.call(
+                        write_checkpoint, files.root, files.geometry, self._index,
+                        files.fds.values(),
+                    )  # fmt: skip
                 except OSError as exc:
                     log.warning("ssd tier %r: cannot save the checkpoint: %s", self.name, exc)
+                else:
+                    if not saved:
+                        log.warning(
+                            "ssd tier %r: no checkpoint saved: the file system does not keep "
+                            "file times to the nanosecond, which the checkpoint's seal needs; "
+                            "the next open scans the slot headers", self.name,
+                        )  # fmt: skip
             await runner.call(files.close)
         finally:
             runner.shutdown()

@@ -105,9 +105,11 @@ async def test_a_load_after_the_clear_completes_before_the_cancelled_one() -> No
         e.clear_primary()
         assert await e.put("a", block(2))
         spec = e.prepare_load(["a"], R1)
+        assert bytes(spec.buffers[0]) == block(2)
         e.complete_load(["a"], R1)  # the new load's pin goes; the cancelled one stays
         assert e.stats().pinned_blocks == 1
-        assert bytes(spec.buffers[0]) == block(2)
+        with pytest.raises(ValueError, match="released"):  # and its view with it
+            bytes(spec.buffers[0])
         e.complete_load(["a"], R1)  # now the cancelled one
         assert e.stats().pinned_blocks == 0
 

@@ -10,6 +10,7 @@ import pytest
 from helpers import aiotier_tasks, block, eventually, seeded
 
 from aiotier import (
+    BlockingEngine,
     BlockNotReadyError,
     BreakerPolicy,
     ConfigError,
@@ -479,18 +480,34 @@ async def test_aclose_mid_promotion_leaks_nothing() -> None:
 @pytest.mark.parametrize(
     ("key", "exc", "match"),
     [(1, TypeError, "bytes or str"), (b"x" * 1025, ValueError, "1025 bytes"),
-     (bytearray(b"a"), TypeError, "bytearray"), (None, TypeError, "NoneType")],
+     (bytearray(b"a"), TypeError, "bytearray"), (None, TypeError, "NoneType"),
+     (memoryview(b"a"), TypeError, "memoryview"),  # equal to, and hashing as, the stored b"a"
+     (memoryview(bytearray(b"a")), TypeError, "memoryview")],  # hashing it raises ValueError
 )  # fmt: skip
 async def test_bad_keys_raise_and_change_nothing(key: object, exc: type, match: str) -> None:
     async with TieringEngine(PrimaryTier(2, 64)) as e:
         assert await e.put("a", b"a")
         for call in (e.lookup(key), e.get(key), e.put(key, b"v"), e.delete(key),  # type: ignore[arg-type]
-                     e.lookup_prefix(["a", key])):  # type: ignore[list-item]  # fmt: skip
+                     e.lookup_prefix(["a", key]), e.lookup_prefix([key]),  # type: ignore[list-item]
+                     e.prefetch([key], timeout=0)):  # type: ignore[list-item]  # fmt: skip
             with pytest.raises(exc, match=match):
                 await call
         with pytest.raises(exc, match=match):
             e.prepare_store(["b", key])  # type: ignore[list-item]
+        with pytest.raises(exc, match=match):
+            e.prepare_load([key])  # type: ignore[list-item]
         assert set(e.core.table.index) == {b"a"} and e.stats().pinned_blocks == 0
+
+
+def test_a_memoryview_key_gets_the_same_error_from_a_blocking_engine() -> None:
+    with BlockingEngine(PrimaryTier(2, 64)) as e:
+        assert e.put("a", b"a")
+        for call in (e.lookup, e.get):
+            with pytest.raises(TypeError, match="memoryview"):
+                call(memoryview(b"a"))  # type: ignore[operator]
+        with pytest.raises(TypeError, match="memoryview"):
+            e.lookup_prefix([memoryview(b"a")])  # type: ignore[list-item]
+        assert e.lookup(b"a") is HIT
 
 
 async def test_bad_values_and_calls_raise_clearly() -> None:

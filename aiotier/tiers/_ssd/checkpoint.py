@@ -7,9 +7,15 @@ xxh3-64 checksum of everything, so a damaged, foreign or stale checkpoint is ref
 tier falls back to the header scan. The open that loads it removes it before the tier takes a
 write, so a later crash can never load an index older than the slots.
 
+A checkpoint put back from a backup is older than the slots it describes. It is bound to them
+by a **seal**: the close sets every slot file's modification time to a random nanosecond of
+the last second (:func:`seal_files`) and records that value; any later write or clearing of a
+slot makes the kernel set the file's modification time to the time of that write, so the seal
+no longer matches and the checkpoint is refused (``stale``), whatever else in it still fits.
+
 Layout (little-endian)::
 
-    HEAD                  magic b"ATCP", version, geometry, next_seq, blocks N, dirty D
+    HEAD                  magic b"ATCP", version, geometry, next_seq, seal, blocks N, dirty D
     N x u64, N x u64, N x u64, N x u16   slots, sequence numbers, lengths, key lengths
     D x u64               free slots whose header may still be valid
     keys                  the N keys, back to back
@@ -19,9 +25,12 @@ Layout (little-endian)::
 from __future__ import annotations
 
 import os
+import secrets
 import struct
 import sys
+import time
 from array import array
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from itertools import accumulate, pairwise
 from typing import Final
@@ -33,12 +42,19 @@ from .index import SSDIndex
 from .layout import CHECKPOINT_NAME, TMP_PREFIX, Geometry
 from .syscalls import fsync_dir, open_regular, replace_file
 
-__all__ = ["Checkpoint", "read_checkpoint", "remove_checkpoint", "write_checkpoint"]
+__all__ = [
+    "Checkpoint",
+    "read_checkpoint",
+    "remove_checkpoint",
+    "seal_files",
+    "unsealed",
+    "write_checkpoint",
+]
 
 _MAGIC: Final = b"ATCP"
-_VERSION: Final = 1
-# magic, version, reserved, block_size, slot_size, slots_per_file, slots, next_seq, N, D
-_HEAD: Final = struct.Struct("<4sHHQQQQQQQ")
+_VERSION: Final = 2
+# magic, version, reserved, block_size, slot_size, slots_per_file, slots, next_seq, seal, N, D
+_HEAD: Final = struct.Struct("<4sHHQQQQQQQQ")
 _TRAILER: Final = 8
 
 
@@ -48,6 +64,8 @@ class Checkpoint:
 
     geometry: Geometry
     next_seq: int
+    #: The slot files' modification time (ns) when it was written (see the module doc).
+    seal: int
     keys: list[bytes]
     slots: array[int]
     seqs: array[int]
@@ -70,8 +88,29 @@ def _raw(a: array[int]) -> bytes:
     return a.tobytes()
 
 
-def write_checkpoint(root: str, geometry: Geometry, index: SSDIndex) -> None:
-    """Save ``index`` as ``root/checkpoint`` (through a temporary renamed into place)."""
+def seal_files(fds: Iterable[int]) -> int | None:
+    """Set the modification time of every file ``fds`` to one fresh random value and return
+    it; None when a file system does not keep it to the nanosecond (a seal it cannot tell
+    from the time of a later write: no checkpoint is written)."""
+    seal = time.time_ns() - 1 - secrets.randbelow(1_000_000_000)
+    for fd in fds:
+        os.utime(fd, ns=(os.fstat(fd).st_atime_ns, seal))
+        if os.fstat(fd).st_mtime_ns != seal:
+            return None
+    return seal
+
+
+def unsealed(ck: Checkpoint, fds: Mapping[int, int]) -> bool:
+    """Whether a slot file was written (or replaced, or touched) since ``ck`` sealed it."""
+    return any(os.fstat(fd).st_mtime_ns != ck.seal for fd in fds.values())
+
+
+def write_checkpoint(root: str, geometry: Geometry, index: SSDIndex, fds: Iterable[int]) -> bool:
+    """Seal the slot files ``fds`` and save ``index`` as ``root/checkpoint`` (through a
+    temporary renamed into place); False when the files cannot be sealed (nothing saved)."""
+    seal = seal_files(fds)
+    if seal is None:
+        return False
     keys: list[bytes] = []
     slots, seqs, lengths = array("Q"), array("Q"), array("Q")
     for key, slot, seq, length in index.entries():
@@ -84,12 +123,13 @@ def write_checkpoint(root: str, geometry: Geometry, index: SSDIndex) -> None:
     g = geometry
     head = _HEAD.pack(
         _MAGIC, _VERSION, 0, g.block_size, g.slot_size, g.slots_per_file, g.slots,
-        index.next_seq, len(keys), len(dirty),
+        index.next_seq, seal, len(keys), len(dirty),
     )  # fmt: skip
     body = b"".join((head, _raw(slots), _raw(seqs), _raw(lengths), _raw(key_lens), _raw(dirty),
                      *keys))  # fmt: skip
     blob = body + checksum(body).to_bytes(8, "little")
     replace_file(root, CHECKPOINT_NAME, blob, tmp_prefix=TMP_PREFIX, sync=True)
+    return True
 
 
 def read_checkpoint(root: str) -> Checkpoint | str:
@@ -118,7 +158,7 @@ def parse_checkpoint(blob: bytes) -> Checkpoint | str:
     view = memoryview(blob)
     if checksum(view[:-_TRAILER]) != int.from_bytes(blob[-_TRAILER:], "little"):
         return "damaged (checksum mismatch)"
-    magic, version, _r, block_size, slot_size, per_file, slots, next_seq, n, d = (
+    magic, version, _r, block_size, slot_size, per_file, slots, next_seq, seal, n, d = (
         _HEAD.unpack_from(blob)
     )
     if magic != _MAGIC or version != _VERSION:
@@ -145,7 +185,7 @@ def parse_checkpoint(blob: bytes) -> Checkpoint | str:
     ):
         return "damaged (entries out of range or repeated)"
     geometry = Geometry(block_size, slot_size, per_file, slots)
-    return Checkpoint(geometry, next_seq, keys, slot_a, seq_a, len_a, dirty)
+    return Checkpoint(geometry, next_seq, seal, keys, slot_a, seq_a, len_a, dirty)
 
 
 def remove_checkpoint(root: str) -> None:

@@ -42,7 +42,8 @@ class SlotFiles:
     """An open, locked tier directory: its geometry and a descriptor per slot file."""
 
     root: str
-    lock_fd: int
+    #: The directory's own descriptor and its lock file's, each locked (see :func:`_lock`).
+    lock_fds: tuple[int, int]
     geometry: Geometry
     #: File index -> read-write descriptor, for every slot file of :attr:`geometry`.
     fds: dict[int, int] = field(default_factory=dict)
@@ -51,13 +52,12 @@ class SlotFiles:
         return os.path.join(self.root, slot_file_name(index))
 
     def close(self) -> None:
-        """Close every descriptor, the lock's last (on a thread: ``close`` may block)."""
+        """Close every descriptor, the locks' last (on a thread: ``close`` may block)."""
         for fd in self.fds.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.fds.clear()
-        with contextlib.suppress(OSError):
-            os.close(self.lock_fd)
+        _unlock(self.lock_fds)
 
 
 def format1_message(where: str) -> str:
@@ -112,7 +112,49 @@ def _geometry(text: str | None, capacity: int, block_size: int | None, where: st
     return g
 
 
-def _lock(root: str, where: str) -> int:
+_LOCKED_MESSAGE = (
+    "directory is locked by another open SSDTier (this or another process); one tier per "
+    "directory"
+)
+
+
+def _lock(root: str, where: str) -> tuple[int, int]:
+    """The directory and its lock file, each open and locked.
+
+    The lock that keeps the directory to one tier is on the directory itself: operators and
+    temporary-file cleaners remove or replace files (the lock file's times never change), but
+    not a directory full of slot files. The lock file is locked as well, for older versions
+    of aiotier, which lock only that."""
+    try:
+        dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | O_CLOEXEC)
+    except OSError as exc:
+        raise TierUnavailableError(f"{where}: cannot open the directory: {exc}") from exc
+    try:
+        fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        st, mine = os.stat(root), os.fstat(dir_fd)
+        if (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino):
+            raise FileNotFoundError(root)
+        return dir_fd, _lock_file(root, where)
+    except BlockingIOError as exc:
+        os.close(dir_fd)
+        raise TierUnavailableError(f"{where}: {_LOCKED_MESSAGE}") from exc
+    except FileNotFoundError as exc:  # an opener that made it failed, and removed it
+        os.close(dir_fd)
+        raise TierUnavailableError(
+            f"{where}: the directory was removed or replaced while opening; try again"
+        ) from exc
+    except BaseException:
+        os.close(dir_fd)
+        raise
+
+
+def _unlock(fds: tuple[int, int]) -> None:
+    for fd in reversed(fds):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _lock_file(root: str, where: str) -> int:
     """The directory's lock file, open and locked. A lock file removed after we opened it (a
     new tier whose open failed removes its own) locks nothing: then again, on the new one."""
     path = os.path.join(root, LOCK_NAME)
@@ -127,10 +169,7 @@ def _lock(root: str, where: str) -> int:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
             os.close(fd)
-            raise TierUnavailableError(
-                f"{where}: directory is locked by another open SSDTier (this or another "
-                f"process); one tier per directory"
-            ) from exc
+            raise TierUnavailableError(f"{where}: {_LOCKED_MESSAGE}") from exc
         try:
             if os.stat(path).st_ino == os.fstat(fd).st_ino:
                 return fd
@@ -260,7 +299,7 @@ def open_directory(
         raise ConfigError(f"{where}: path exists and is not a directory")
     made_root = _make_root(root, where)
     made_lock = not os.path.lexists(os.path.join(root, LOCK_NAME))
-    lock_fd = _lock(root, where)
+    lock_fds = _lock(root, where)
     files: SlotFiles | None = None
     new = wrote_marker = False
     try:  # the marker is read under the lock: another opener may be creating the tier
@@ -274,7 +313,7 @@ def open_directory(
                     f"refusing to use it (found e.g. {sorted(extra)[0]!r})"
                 )
         g = _geometry(text, capacity, block_size, where)
-        files = SlotFiles(root, lock_fd, g)
+        files = SlotFiles(root, lock_fds, g)
         if new:
             try:
                 marker = g.marker_text().encode()
@@ -304,6 +343,6 @@ def open_directory(
         if files is not None:
             files.close()
         else:
-            os.close(lock_fd)
+            _unlock(lock_fds)
         raise
     return files, index, start

@@ -61,11 +61,11 @@ def inspect_directory(path: str | os.PathLike[str]) -> SSDInspection:
     g = Geometry.from_marker(text, 0, where)
     fds, sizes, _foreign = open_slot_files(root, where, writable=False)
     try:
-        file_slots = {i: size // g.slot_size for i, size in sizes.items()}
+        file_slots = {i: g.slots_in(size) for i, size in sizes.items()}
         slots = sum(file_slots.values())
         allocated = sum(os.fstat(fd).st_blocks * 512 for fd in fds.values())
         ck = read_checkpoint(root)
-        if isinstance(ck, Checkpoint) and stale_reason(ck, g, sizes) is None:
+        if isinstance(ck, Checkpoint) and stale_reason(ck, g, fds, sizes) is None:
             blocks, source, torn, duplicates = len(ck.keys), "checkpoint", 0, 0
         else:
             scan = scan_slots(fds, file_slots, g, repair=False)

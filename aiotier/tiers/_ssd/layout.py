@@ -111,6 +111,11 @@ class Geometry:
         """How many slots file ``index`` holds (0 past the last file)."""
         return max(0, min(self.slots_per_file, self.slots - index * self.slots_per_file))
 
+    def slots_in(self, size: int) -> int:
+        """The slots a file of ``size`` bytes holds, counting one its end cuts short (the
+        file was truncated from outside: the headers and blocks before the cut may be whole)."""
+        return min(-(-size // self.slot_size), self.slots_per_file)
+
     def file_size(self, index: int) -> int:
         return self.file_slots(index) * self.slot_size
 

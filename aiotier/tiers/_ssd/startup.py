@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from .checkpoint import Checkpoint, read_checkpoint, remove_checkpoint
+from .checkpoint import Checkpoint, read_checkpoint, remove_checkpoint, unsealed
 from .index import SSDIndex
 from .layout import LAST_OPEN_NAME, TMP_PREFIX, Geometry
 from .scan import scan_slots
@@ -73,8 +73,11 @@ class SSDStart:
         )
 
 
-def stale_reason(ck: Checkpoint, g: Geometry, sizes: Mapping[int, int]) -> str | None:
-    """Why a verified checkpoint does not describe these slot files, or None."""
+def stale_reason(
+    ck: Checkpoint, g: Geometry, fds: Mapping[int, int], sizes: Mapping[int, int]
+) -> str | None:
+    """Why a verified checkpoint does not describe the slot files ``fds`` (of ``sizes``), or
+    None."""
     c = ck.geometry
     if (c.block_size, c.slot_size, c.slots_per_file) != (g.block_size, g.slot_size,
                                                           g.slots_per_file):  # fmt: skip
@@ -83,6 +86,8 @@ def stale_reason(ck: Checkpoint, g: Geometry, sizes: Mapping[int, int]) -> str |
         size != c.file_size(i) for i, size in sizes.items()
     ):
         return "stale (the slot files changed since it was written)"
+    if unsealed(ck, fds):
+        return "stale (the slot files were written after it)"
     return None
 
 
@@ -95,7 +100,7 @@ def load_index(
     start = SSDStart(slots=g.slots)
     ck = read_checkpoint(root)
     if isinstance(ck, Checkpoint):
-        ck = stale_reason(ck, g, sizes) or ck
+        ck = stale_reason(ck, g, fds, sizes) or ck
     remove_checkpoint(root)
     index = SSDIndex(g.slots)
     limit = g.slots
@@ -117,7 +122,7 @@ def load_index(
     else:
         start.after = "new" if new else "crash"
         start.checkpoint = ck
-        file_slots = {i: size // g.slot_size for i, size in sizes.items()}
+        file_slots = {i: g.slots_in(size) for i, size in sizes.items()}
         scan = scan_slots(fds, file_slots, g, repair=True)
         start.torn, start.duplicates = scan.torn, scan.duplicates
         kept = [b for b in scan.blocks if b[1] < limit]

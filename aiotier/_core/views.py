@@ -1,0 +1,95 @@
+"""The views ``prepare_load`` and ``prepare_store`` hand out, held per request until their
+``complete_*``, which releases them: a late use raises ``ValueError`` instead of reading (or
+writing) whatever block reuses the slot by then.
+
+They are held as the batches they were handed out in, so the usual call, a ``complete_*`` of
+the very keys of one ``prepare_*``, costs a tuple comparison and a C-level pass; completing
+part of a batch, or keys of several, finds each key's view on its own.
+
+A view with an export (``numpy.frombuffer`` of it, say) cannot be released and stays valid; so
+do slices and copies made of a view, which are objects of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["HandedViews"]
+
+
+def _release(views: Sequence[memoryview | None]) -> None:
+    try:
+        list(map(memoryview.release, views))  # type: ignore[arg-type]
+    except (BufferError, TypeError):  # an exported view (see the module doc), or a gap
+        for v in views:
+            if v is not None:
+                try:  # noqa: SIM105 (a try costs nothing; contextlib.suppress an object)
+                    v.release()  # releasing twice is allowed
+                except BufferError:
+                    pass
+
+
+def _release_from(
+    batches: list[tuple[tuple[bytes, ...], list[memoryview | None]]],
+    ks: tuple[bytes, ...],
+    latest: bool,
+) -> list[bytes]:
+    """Release one view of each key of ``ks`` held in ``batches``; the keys not found."""
+    order = range(len(batches) - 1, -1, -1) if latest else range(len(batches))
+    for i in order:
+        if batches[i][0] == ks:
+            _release(batches.pop(i)[1])
+            return []
+    missing = []
+    for k in ks:
+        for i in order:
+            bkeys, views = batches[i]
+            at = [j for j, bk in enumerate(bkeys) if bk == k and views[j] is not None]
+            if at:
+                j = at[-1] if latest else at[0]
+                _release(views[j : j + 1])
+                views[j] = None
+                break
+        else:
+            missing.append(k)
+    batches[:] = [b for b in batches if any(v is not None for v in b[1])]
+    return missing
+
+
+class HandedViews:
+    """The views handed out to one request and not completed yet, batch by batch; those
+    handed out before a clear apart (they may still be completed, or be given up at once)."""
+
+    __slots__ = ("_batches", "_cancelled")
+
+    def __init__(self) -> None:
+        self._batches: list[tuple[tuple[bytes, ...], list[memoryview | None]]] = []
+        self._cancelled: list[tuple[tuple[bytes, ...], list[memoryview | None]]] = []
+
+    def hold(self, keys: Sequence[bytes], views: Sequence[memoryview]) -> None:
+        if keys:
+            self._batches.append((tuple(keys), list(views)))
+
+    def release(self, keys: Sequence[bytes], *, latest: bool) -> None:
+        """Release one view of each key: its latest (loads: the pin ``complete_load``
+        drops), or its earliest (stores complete in the order they were prepared)."""
+        if self._batches or self._cancelled:
+            missing = _release_from(self._batches, tuple(keys), latest)
+            if missing and self._cancelled:
+                _release_from(self._cancelled, tuple(missing), latest)
+
+    def cancel(self) -> None:
+        """A clear cancelled everything handed out so far."""
+        self._cancelled += self._batches
+        self._batches.clear()
+
+    def release_cancelled(self) -> None:
+        for _keys, views in self._cancelled:
+            _release(views)
+        self._cancelled.clear()
+
+    def release_all(self) -> None:
+        self.release_cancelled()
+        for _keys, views in self._batches:
+            _release(views)
+        self._batches.clear()
