@@ -36,7 +36,14 @@ from .errors import (
     TierUnavailableError,
 )
 from .shared_arena import SharedArena
-from .tiers.base import SecondaryTier, TierUsage
+from .tiers.base import (
+    BlockMeta,
+    SecondaryTier,
+    SimpleTier,
+    TierCapabilities,
+    TierSetup,
+    TierUsage,
+)
 from .tiers.memory import MemoryTier
 from .tiers.objectstore import ObjectStoreTier  # obstore is imported only when one is created
 from .tiers.primary import PrimaryTier
@@ -53,6 +60,7 @@ __all__ = [
     "AdmitTinyLFU",
     "BlockCorruptedError",
     "BlockEvent",
+    "BlockMeta",
     "BlockNotReadyError",
     "BlockingEngine",
     "BreakerPolicy",
@@ -72,8 +80,11 @@ __all__ = [
     "SSDTier",
     "SecondaryTier",
     "SharedArena",
+    "SimpleTier",
     "StoreSpec",
+    "TierCapabilities",
     "TierHealth",
+    "TierSetup",
     "TierUnavailableError",
     "TierUsage",
     "TieringEngine",

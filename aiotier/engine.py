@@ -47,7 +47,7 @@ from ._types import (
 from ._validate import check_positive, check_req, str_ids, value_data
 from .errors import ConfigError, TieringError
 from .telemetry import Telemetry
-from .tiers.base import SecondaryTier
+from .tiers.base import SecondaryTier, TierSetup
 from .tiers.primary import PrimaryTier
 
 __all__ = ["EngineOptions", "EngineStats", "TierHealth", "TieringEngine", "WritePolicy"]
@@ -81,17 +81,22 @@ class TieringEngine:
         self.options = o
 
         cascade = o.write_policy == "write_back"
-        # hand-overs feed the tier below; from a tier that keeps its bytes in memory they are
-        # also taken with no tier below, so its evictions are reported as events
-        hand_over = [
-            (cascade and i + 1 < len(tiers)) or t.cheap_handover for i, t in enumerate(tiers)
+        # evicted bytes feed the tier below; from a tier that keeps them in memory anyway they
+        # are also taken with no tier below (its evictions are reported as events either way)
+        self._setups = [
+            TierSetup(
+                primary.block_size,
+                "bytes"
+                if (cascade and i + 1 < len(tiers)) or t.capabilities.cheap_evictions
+                else "keys",
+            )
+            for i, t in enumerate(tiers)
         ]
-        self._hand_over = hand_over
         self._writers: Writers | None = None
         self._guard = guard = Guard()
         self._core = core = build_core(primary, tiers, o, self._notify_writer)
         breakers = Breakers(tiers, o.breaker, guard)
-        self._writers = Writers(core, tiers, hand_over, o.tier_timeout, guard, breakers)
+        self._writers = Writers(core, tiers, o.tier_timeout, guard, breakers)
         self._reads = TierReads(core, tiers, o.promotion_timeout, guard, breakers)
         self._cache = CacheCalls(
             core,
@@ -169,10 +174,10 @@ class TieringEngine:
     async def open(self) -> None:
         """Open every tier (in order) and start the background writers.
 
-        Each tier learns the primary's block size just before it opens
-        (``configure_block_size``). A tier's ``open`` may rebuild an index (an SSD directory),
-        so it gets ``open_timeout`` rather than ``io_timeout``; a tier that fails to open is an
-        error for the caller.
+        Each tier opens with a :class:`~aiotier.tiers.base.TierSetup`: the primary's block
+        size, and what its evictions hand over. A tier's ``open`` may rebuild an index (an SSD
+        directory), so it gets ``open_timeout`` rather than ``io_timeout``; a tier that fails to
+        open is an error for the caller.
         """
         if self._core.closed:
             raise TieringError("this engine was closed; create a new one")
@@ -184,13 +189,11 @@ class TieringEngine:
                 "closed (workers could no longer attach): create a new PrimaryTier"
             )
         o = self.options
-        await open_tiers(self.tiers, self.primary.block_size, o.open_timeout, o.tier_timeout)
+        await open_tiers(self.tiers, self._setups, o.open_timeout, o.tier_timeout)
         self._opened = True
         self._guard.bind()
         self._fast = not self._core.sightings
-        for t, hand_over in zip(self.tiers, self._hand_over, strict=True):
-            t.configure_evictions(hand_over=hand_over)
-        self._core.count_tier_evictions_from([t.evictions for t in self.tiers])
+        self._core.count_tier_evictions_from([t.usage().evictions for t in self.tiers])
         assert self._writers is not None
         self._writers.start()
         if o.step_interval is not None:

@@ -19,7 +19,16 @@ from typing import Any
 from ._types import LookupResult
 from .errors import BlockCorruptedError
 from .telemetry import METRICS
-from .tiers.base import SecondaryTier, TierUsage
+from .tiers._batches import LastWrites
+from .tiers.base import (
+    BlockMeta,
+    Buffer,
+    Eviction,
+    SecondaryTier,
+    TierCapabilities,
+    TierSetup,
+    TierUsage,
+)
 
 __all__ = ["Fault", "FaultyTier", "MetricsProbe"]
 
@@ -106,99 +115,92 @@ class FaultyTier(SecondaryTier):
                 late = f
         return late
 
-    async def open(self) -> None:
+    async def open(self, setup: TierSetup | None = None) -> None:
         await self._before("open")
-        await self.inner.open()
+        await self.inner.open(setup)
 
     async def aclose(self) -> None:
         self.heal()
         await self._before("close")
         await self.inner.aclose()
 
-    async def lookup(self, key: bytes) -> LookupResult:
-        await self._before("lookup")
-        return await self.inner.lookup(key)
+    async def clear(self) -> None:
+        await self._before("clear")
+        await self.inner.clear()
+
+    # Reads, writes and removes meet their faults key by key (a batch of n counts n calls),
+    # each key passed on alone once its faults let it through; a lookup batch is one call.
 
     async def lookup_many(self, keys: Sequence[bytes]) -> list[LookupResult]:
         await self._before("lookup")
         return await self.inner.lookup_many(keys)
 
-    async def read_into(self, key: bytes, buf: memoryview) -> int:
-        late = await self._before("read")
-        n = await self.inner.read_into(key, buf)
-        if late is not None and n > 0:
-            buf[0] ^= 0xFF
-            raise BlockCorruptedError(f"tier {self.name!r}: injected corruption of {key[:64]!r}")
-        return n
-
     async def read_many_into(
         self, keys: Sequence[bytes], bufs: Sequence[memoryview]
     ) -> list[int | Exception]:
-        return await SecondaryTier.read_many_into(self, keys, bufs)
-
-    async def write(self, key: bytes, data: bytes | memoryview) -> None:
-        late = await self._before("write")
-        if late is not None:
-            raise OSError(errno.ENOSPC, f"injected disk full in tier {self.name!r}")
-        await self.inner.write(key, data)
+        out: list[int | Exception] = []
+        for key, buf in zip(keys, bufs, strict=True):
+            try:
+                late = await self._before("read")
+                (n,) = await self.inner.read_many_into([key], [buf])
+                if late is not None and isinstance(n, int) and n > 0:
+                    buf[0] ^= 0xFF
+                    n = BlockCorruptedError(
+                        f"tier {self.name!r}: injected corruption of {key[:64]!r}"
+                    )
+            except Exception as exc:
+                n = exc
+            out.append(n)
+        return out
 
     async def write_many(
-        self, items: Sequence[tuple[bytes, bytes | memoryview]]
+        self, items: Sequence[tuple[bytes, Buffer]], meta: Sequence[BlockMeta] | None = None
     ) -> list[Exception | None]:
-        return await SecondaryTier.write_many(self, items)
-
-    async def remove(self, key: bytes) -> bool:
-        await self._before("remove")
-        return await self.inner.remove(key)
+        batch = LastWrites([k if k.__class__ is bytes else None for k, _ in items])
+        out: list[Exception | None] = []
+        for i, item in enumerate(batch.pick(items)):
+            try:
+                if await self._before("write") is not None:
+                    raise OSError(errno.ENOSPC, f"injected disk full in tier {self.name!r}")
+                one = None if meta is None else [meta[batch.kept[i]]]
+                (error,) = await self.inner.write_many([item], one)
+            except Exception as exc:
+                error = exc
+            out.append(error)
+        return batch.spread(out)
 
     async def remove_many(self, keys: Sequence[bytes]) -> list[bool | Exception]:
-        return await SecondaryTier.remove_many(self, keys)
+        out: list[bool | Exception] = []
+        for key in keys:
+            try:
+                await self._before("remove")
+                (found,) = await self.inner.remove_many([key])
+            except Exception as exc:
+                found = exc
+            out.append(found)
+        return out
+
+    # -- the rest is the inner tier's ------------------------------------------------------------
+
+    @property
+    def capabilities(self) -> TierCapabilities:  # type: ignore[override]
+        return self.inner.capabilities
 
     def usage(self) -> TierUsage:
         return self.inner.usage()
+
+    def take_evictions(self) -> list[Eviction]:
+        return self.inner.take_evictions()
 
     def contains_hint(self, key: bytes) -> bool | None:
         return self.inner.contains_hint(key)
 
     @property
-    def evictions(self) -> int:  # type: ignore[override]
-        return self.inner.evictions
-
-    def configure_evictions(self, *, hand_over: bool) -> None:
-        super().configure_evictions(hand_over=hand_over)
-        self.inner.configure_evictions(hand_over=hand_over)
-
-    def configure_block_size(self, block_size: int) -> None:
-        self.inner.configure_block_size(block_size)
-
-    @property
-    def can_clear(self) -> bool:
-        return self.inner.can_clear
-
-    def counters(self) -> Mapping[str, int]:
-        return self.inner.counters()
-
-    async def clear(self) -> None:
-        await self._before("clear")
-        await self.inner.clear()
-
-    @property
     def available(self) -> bool | None:
         return self.inner.available
 
-    @property
-    def persistent(self) -> bool:  # type: ignore[override]
-        return self.inner.persistent
-
-    @property
-    def cheap_handover(self) -> bool:  # type: ignore[override]
-        return self.inner.cheap_handover
-
-    def take_evicted(self) -> Sequence[tuple[bytes, bytes | memoryview]]:
-        return self.inner.take_evicted()
-
-    def take_evicted_keys(self) -> list[bytes]:
-        return self.inner.take_evicted_keys()
+    def counters(self) -> Mapping[str, int]:
+        return self.inner.counters()
 
 
 class MetricsProbe:

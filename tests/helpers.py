@@ -8,7 +8,7 @@ import os
 import time
 from collections.abc import Callable
 
-from aiotier import LookupResult, MemoryTier, TierUsage
+from aiotier import LookupResult, MemoryTier, SimpleTier, TierUsage
 from aiotier.tiers.base import SecondaryTier
 
 
@@ -47,14 +47,42 @@ def block(i: int, size: int = 64) -> bytes:
 async def seeded(n: int, name: str = "memory", capacity: int = 1 << 20) -> MemoryTier:
     """A ``MemoryTier`` holding ``k0`` … ``k{n-1}`` (each ``block(i)``)."""
     tier = MemoryTier(capacity, name=name)
-    for i in range(n):
-        await tier.write(b"k%d" % i, block(i))
+    await tier.write_many([(b"k%d" % i, block(i)) for i in range(n)])
     return tier
 
 
-class DictTier(SecondaryTier):
-    """The smallest user-written tier: a dict of bytes, the five required methods, no
-    ``clear`` or batched forms of its own."""
+# One key through a tier's batch contract, raising a per-key failure (as a caller that drives
+# a tier by hand expects).
+
+
+async def lookup_one(tier: SecondaryTier, key: bytes) -> LookupResult:
+    (answer,) = await tier.lookup_many([key])
+    return answer
+
+
+async def read_one(tier: SecondaryTier, key: bytes, buf: memoryview) -> int:
+    (n,) = await tier.read_many_into([key], [buf])
+    if isinstance(n, Exception):
+        raise n
+    return n
+
+
+async def write_one(tier: SecondaryTier, key: bytes, data: bytes | memoryview) -> None:
+    (error,) = await tier.write_many([(key, data)])
+    if error is not None:
+        raise error
+
+
+async def remove_one(tier: SecondaryTier, key: bytes) -> bool:
+    (found,) = await tier.remove_many([key])
+    if isinstance(found, Exception):
+        raise found
+    return found
+
+
+class DictTier(SimpleTier):
+    """The smallest user-written tier: a dict of bytes, written key by key (the four methods
+    of ``SimpleTier`` and ``usage``), no ``clear`` or batched forms of its own."""
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
@@ -92,5 +120,5 @@ async def check_written_views_may_be_reused(tier: SecondaryTier, n: int = 3) -> 
         b[:] = bytes(len(b))
     for (key, _), data in zip(items, want, strict=True):
         buf = memoryview(bytearray(8192))
-        got = await tier.read_into(key, buf)
+        got = await read_one(tier, key, buf)
         assert bytes(buf[:got]) == data

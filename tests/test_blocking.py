@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import write_one
 
 from aiotier import (
     BlockingEngine,
@@ -34,7 +35,7 @@ def seeded_tier(n: int, **faults: float) -> FaultyTier:
 
     async def seed() -> None:
         for i in range(n):
-            await inner.write(b"k%d" % i, b"v%d" % i)
+            await write_one(inner, b"k%d" % i, b"v%d" % i)
 
     asyncio.run(seed())  # before the facade's loop exists
     tier = FaultyTier(inner)

@@ -51,7 +51,7 @@ USER_TESTS = textwrap.dedent(
     async def test_faulty_tier_turns_reads_into_misses(aiotier_faulty_tier, aiotier_metrics):
         tier = aiotier_faulty_tier
         assert isinstance(tier, FaultyTier)
-        await tier.write(b"k", b"v")
+        await tier.write_many([(b"k", b"v")])
         tier.fail("read")
         provider, probe = aiotier_metrics
         async with TieringEngine(PrimaryTier(4, 16), [tier], meter_provider=provider) as e:

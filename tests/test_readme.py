@@ -7,6 +7,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from helpers import write_one
+
 from aiotier import MemoryTier, PrimaryTier, TieringEngine
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
@@ -35,8 +37,8 @@ def test_the_scheduler_step_loads_what_a_tier_promoted_and_stores_new_blocks() -
     async def run() -> None:
         tier = MemoryTier(1 << 20)
         async with TieringEngine(PrimaryTier(8, 4096), [tier]) as engine:
-            await tier.write(b"a", b"A")
-            await tier.write(b"b", b"B")  # below the primary: the lookup answers RETRY
+            await write_one(tier, b"a", b"A")
+            await write_one(tier, b"b", b"B")  # below the primary: the lookup answers RETRY
             await scope["step"](engine, [b"a", b"b", b"absent"], [b"new"])
             assert await engine.get(b"new") == b"\x01" * 4096
             assert await engine.get(b"a") == b"A"

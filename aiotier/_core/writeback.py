@@ -202,13 +202,12 @@ class WriteQueues:
         ti: int,
         batch: Sequence[WriteOp],
         errors: Sequence[Exception | None],
-        handed: Sequence[tuple[bytes, bytes | memoryview]] = (),
-        gone: Sequence[bytes] = (),
+        evicted: Sequence[tuple[bytes, bytes | memoryview | None]] = (),
     ) -> None:
         """A batch of writes reached tier ``ti`` (``None``) or failed (an exception, per op).
 
-        ``handed`` are blocks the tier evicted meanwhile with their bytes (they go on to the
-        tier below under write-back); ``gone`` the keys it evicted without handing them over.
+        ``evicted`` are the blocks the tier evicted meanwhile (its ``take_evictions()``): those
+        with their bytes go on to the tier below under write-back; all are removed events.
         """
         name = self._names[ti]
         coherence = self._coherence
@@ -226,17 +225,16 @@ class WriteQueues:
             self._stats.count("write_bytes", name, n=nbytes)
         if written:
             self._events.append(BlockEvent(tuple(written), name, False))
-        if handed:
+        if evicted:
             # a tier being cleared (or whose clear failed) hands nothing down: its blocks are
             # older than the clear
             if self._cascade and ti + 1 < len(self._names) and coherence.readable_tier(ti):
-                for k, data in handed:
+                for k, data in evicted:
                     # deleted, replaced or possibly stale since written here: not handed down
-                    if not coherence.removing(ti, k) and not coherence.is_stale(ti, k):
-                        self.demote(ti + 1, k, data)
-            self._events.append(BlockEvent(tuple(k for k, _ in handed), name, True))
-        if gone:
-            self._events.append(BlockEvent(tuple(gone), name, True))
+                    if data is None or coherence.removing(ti, k) or coherence.is_stale(ti, k):
+                        continue
+                    self.demote(ti + 1, k, data)
+            self._events.append(BlockEvent(tuple(k for k, _ in evicted), name, True))
 
     def removes_applied(
         self, ti: int, batch: Sequence[WriteOp], answers: Sequence[bool | Exception]

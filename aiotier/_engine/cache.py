@@ -151,7 +151,9 @@ class CacheCalls:
         ok: bool | None = None
         try:
             async with asyncio.timeout(self._promotion_timeout):
-                n = await self._tiers[ti].read_into(k, memoryview(buf))
+                (n,) = await self._tiers[ti].read_many_into([k], [memoryview(buf)])
+            if isinstance(n, Exception):
+                raise n
             ok = True
             return n
         except Exception as exc:

@@ -27,7 +27,7 @@ __all__ = ["check_clearable", "clear_everything"]
 
 def check_clearable(tiers: Sequence[SecondaryTier]) -> None:
     """Refuse before anything changes when a tier cannot clear."""
-    unable = [t.name for t in tiers if not t.can_clear]
+    unable = [t.name for t in tiers if not t.capabilities.clearable]
     if unable:
         raise ConfigError(
             f"clear(): tier(s) {', '.join(map(repr, unable))} cannot be cleared "

@@ -10,7 +10,7 @@ from typing import Any
 
 from .._core.engine_core import EngineCore
 from ..errors import TieringError
-from ..tiers.base import SecondaryTier
+from ..tiers.base import SecondaryTier, TierSetup
 from ..tiers.primary import PrimaryTier
 from .writers import Writers
 
@@ -18,18 +18,20 @@ __all__ = ["close_tiers", "open_tiers", "release_shared_memory", "write_down_and
 
 
 async def open_tiers(
-    tiers: Sequence[SecondaryTier], block_size: int, open_timeout: float, close_timeout: float
+    tiers: Sequence[SecondaryTier],
+    setups: Sequence[TierSetup],
+    open_timeout: float,
+    close_timeout: float,
 ) -> None:
-    """Open each tier in order, after telling it the block size. A tier's ``open`` may rebuild
-    an index, hence ``open_timeout``; if one fails, those already open are closed again (each
-    within ``close_timeout``) and the failure is raised."""
+    """Open each tier in order with its setup. A tier's ``open`` may rebuild an index, hence
+    ``open_timeout``; if one fails, those already open are closed again (each within
+    ``close_timeout``) and the failure is raised."""
     opened: list[SecondaryTier] = []
     try:
-        for t in tiers:
-            t.configure_block_size(block_size)
+        for t, setup in zip(tiers, setups, strict=True):
             try:
                 async with asyncio.timeout(open_timeout):
-                    await t.open()
+                    await t.open(setup)
             except TimeoutError:
                 raise TieringError(f"tier {t.name!r} did not open within {open_timeout}s") from None
             opened.append(t)
@@ -65,7 +67,7 @@ async def write_down_and_close(
     primary's blocks for the first persistent tier), drain the writers (within twice
     ``io_timeout``; what is left is dropped), stop them and close the tiers (a failure to
     close is counted)."""
-    persistent = next((i for i, t in enumerate(tiers) if t.persistent), 0)
+    persistent = next((i for i, t in enumerate(tiers) if t.capabilities.persistent), 0)
     with lock:
         core.demotions.at_close(persistent if flush and tiers else None)
     await writers.drain(io_timeout * 2, discard=True)

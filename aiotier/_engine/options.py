@@ -196,7 +196,7 @@ def build_core(
         max_promotion_share=o.max_promotion_share,
         max_pending_write_bytes=o.pending_write_bytes(primary),
         # bytes on their way down are copied into reused buffers unless the tier keeps them
-        stage_demotions=bool(tiers) and not tiers[0].keeps_written_bytes,
+        stage_demotions=bool(tiers) and not tiers[0].capabilities.keeps_written_bytes,
         primary_admission=admission.get(primary.name),
         tier_admission=[admission.get(t.name) for t in tiers],
         notify=notify,

@@ -44,7 +44,7 @@ class StepExport:
     def flush(self) -> None:
         """Hand the buffers of the step so far to the instruments."""
         with self._guard.lock:
-            snap = self._core.take_step([t.evictions for t in self._tiers])
+            snap = self._core.take_step([t.usage().evictions for t in self._tiers])
         self.telemetry.flush(snap)  # the SDK takes its own locks: not under the engine's
 
     def stepped(self) -> None:

@@ -59,7 +59,6 @@ class Writers:
         self,
         core: EngineCore,
         tiers: Sequence[SecondaryTier],
-        hand_over: Sequence[bool],
         io_timeout: float,
         guard: Guard,
         breakers: Breakers,
@@ -68,7 +67,6 @@ class Writers:
         self._guard = guard
         self._breakers = breakers
         self._tiers = tuple(tiers)
-        self._hand_over = tuple(hand_over)
         self._io_timeout = io_timeout
         self._wakeups: list[asyncio.Event] = []
         self._idle = asyncio.Event()
@@ -194,12 +192,9 @@ class Writers:
         errors = await bounded_call(
             tier, call, len(items), self._io_timeout, self._breakers, ti, "write"
         )
-        if self._hand_over[ti]:
-            handed, gone = tier.take_evicted(), []
-        else:
-            handed, gone = [], tier.take_evicted_keys()
+        evicted = tier.take_evictions()
         with self._guard.lock:
-            self._core.writes.writes_applied(ti, batch, errors, handed, gone)
+            self._core.writes.writes_applied(ti, batch, errors, evicted)
         return returned or not called
 
     async def _remove(self, ti: int, batch: list[WriteOp]) -> None:

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from .._core.budget import ByteBudgetLRU
 from .._core.gather import gather
 from .._types import LookupResult
-from .base import SecondaryTier, TierUsage
+from ._batches import LastWrites
+from .base import BlockMeta, Buffer, Eviction, SecondaryTier, TierCapabilities, TierSetup, TierUsage
 
 __all__ = ["MemoryTier"]
 
@@ -20,36 +21,33 @@ class MemoryTier(SecondaryTier):
     it is also the only built-in tier that hands evicted bytes to the tier below for free.
     """
 
-    persistent = False
-    cheap_handover = True
-    keeps_written_bytes = True
+    capabilities = TierCapabilities(
+        persistent=False, keeps_written_bytes=True, cheap_evictions=True, clearable=True
+    )
 
     def __init__(self, capacity_bytes: int, *, name: str = "memory") -> None:
         super().__init__(name)
         self._budget = ByteBudgetLRU(capacity_bytes)
         self._data: dict[bytes, bytes | bytearray] = {}
+        self._hand_over = "none"
+        self._evictions = 0
         # evicted while the engine wants them handed down: still found here until taken
         self._evicted: dict[bytes, bytes | bytearray] = {}
+        # evicted while the engine wants only their keys
+        self._evicted_keys: list[bytes] = []
 
-    async def lookup(self, key: bytes) -> LookupResult:
-        return LookupResult.HIT if self.contains_hint(key) else LookupResult.MISS
+    async def open(self, setup: TierSetup | None = None) -> None:
+        if setup is not None:
+            self._hand_over = setup.evictions
 
     async def lookup_many(self, keys: Sequence[bytes]) -> list[LookupResult]:
         data, evicted = self._data, self._evicted
         hit, miss = LookupResult.HIT, LookupResult.MISS
         return [hit if k in data or k in evicted else miss for k in keys]
 
-    async def read_into(self, key: bytes, buf: memoryview) -> int:
-        (n,) = self._copy_into([key], [buf])
-        if isinstance(n, Exception):
-            raise n
-        return n
-
     async def read_many_into(
         self, keys: Sequence[bytes], bufs: Sequence[memoryview]
     ) -> list[int | Exception]:
-        if type(self).read_into is not MemoryTier.read_into:  # a subclass reads its own way
-            return await super().read_many_into(keys, bufs)
         return self._copy_into(keys, bufs)
 
     def _copy_into(
@@ -89,7 +87,21 @@ class MemoryTier(SecondaryTier):
             out.append(n)
         return out
 
-    async def write(self, key: bytes, data: bytes | memoryview) -> None:
+    async def write_many(
+        self, items: Sequence[tuple[bytes, Buffer]], meta: Sequence[BlockMeta] | None = None
+    ) -> list[Exception | None]:
+        batch = LastWrites([k if k.__class__ is bytes else None for k, _ in items])
+        out: list[Exception | None] = []
+        for key, data in batch.pick(items):
+            try:
+                self._write(key, data)
+            except Exception as exc:
+                out.append(exc)
+            else:
+                out.append(None)
+        return batch.spread(out)
+
+    def _write(self, key: bytes, data: Buffer) -> None:
         # A block given as a view is copied (the caller reuses its buffer), into the buffer of
         # the copy it replaces or of a victim when there is one: a new large buffer costs
         # several times the copy (fresh pages, each zero-filled on first touch).
@@ -97,10 +109,13 @@ class MemoryTier(SecondaryTier):
         n = data.nbytes if isinstance(data, memoryview) else len(data)
         for victim in self._budget.admit(key, n):
             old = self._data.pop(victim)
-            self.evictions += 1
-            if self.handover_evicted:
+            self._evictions += 1
+            if self._hand_over == "bytes":
                 self._evicted[victim] = old
-            elif spare is None:
+                continue
+            if self._hand_over == "keys":
+                self._evicted_keys.append(victim)
+            if spare is None:
                 spare = old
         self._evicted.pop(key, None)  # the new version supersedes one awaiting hand-over
         if type(data) is bytes:
@@ -111,23 +126,33 @@ class MemoryTier(SecondaryTier):
         else:
             self._data[key] = bytearray(memoryview(data).cast("B"))
 
-    async def remove(self, key: bytes) -> bool:
-        self._budget.discard(key)
-        handed = self._evicted.pop(key, None) is not None
-        return self._data.pop(key, None) is not None or handed
+    async def remove_many(self, keys: Sequence[bytes]) -> list[bool | Exception]:
+        out: list[bool | Exception] = []
+        for key in keys:
+            self._budget.discard(key)
+            handed = self._evicted.pop(key, None) is not None
+            out.append(self._data.pop(key, None) is not None or handed)
+        return out
 
     async def clear(self) -> None:
         self._budget = ByteBudgetLRU(self._budget.capacity)
         self._data.clear()
         self._evicted.clear()
+        self._evicted_keys.clear()
 
     def contains_hint(self, key: bytes) -> bool | None:
         return key in self._data or key in self._evicted
 
     def usage(self) -> TierUsage:
-        return TierUsage(len(self._data), self._budget.used, self._budget.capacity)
+        budget = self._budget
+        return TierUsage(len(self._data), budget.used, budget.capacity, None, self._evictions)
 
-    def take_evicted(self) -> Sequence[tuple[bytes, bytes | memoryview]]:
-        out = [(k, v if type(v) is bytes else memoryview(v)) for k, v in self._evicted.items()]
+    def take_evictions(self) -> list[Eviction]:
+        if self._evicted_keys:
+            keys, self._evicted_keys = self._evicted_keys, []
+            return [(k, None) for k in keys if k not in self._data]  # not written again since
+        out: list[Eviction] = [
+            (k, v if type(v) is bytes else memoryview(v)) for k, v in self._evicted.items()
+        ]
         self._evicted.clear()
         return out

@@ -41,7 +41,7 @@ from ._object_client import ObjectTooLarge, ObstoreClient, Refused, ServerBusy, 
 from ._object_memory import ObjectMemory
 from ._object_requests import ObjectRequests, RequestingTier
 from ._outage import GuardedTier, ServerGuard
-from .base import SecondaryTier, TierUsage
+from .base import BlockMeta, Buffer, SecondaryTier, TierCapabilities, TierSetup, TierUsage
 from .framing import HEADER, block_digest, encode_frame, payload_into
 
 __all__ = ["ObjectStoreTier"]
@@ -81,6 +81,8 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
     ``config`` go to obstore's ``S3Store`` as they are (e.g. ``{"root_certificate": ...}``
     for a private CA).
     """
+
+    capabilities = TierCapabilities(clearable=True)
 
     def __init__(
         self,
@@ -196,10 +198,13 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    async def open(self) -> None:
+    async def open(self, setup: TierSetup | None = None) -> None:
         """Check the bucket once: a server that does not answer is not fatal (the circuit opens
         and the probe reconnects later), a missing bucket or refused credentials are
-        :class:`~aiotier.errors.ConfigError`."""
+        :class:`~aiotier.errors.ConfigError`. The setup's block size sizes the look-ahead room
+        one body takes."""
+        if setup is not None and setup.block_size is not None:
+            self._block_size = setup.block_size
         self._guard.reopen()
         try:
             async with asyncio.timeout(self.timeout):
@@ -219,10 +224,6 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
         self._lookahead.clear()
         await self._guard.aclose()
 
-    def configure_block_size(self, block_size: int) -> None:
-        """The engine's block size: how much look-ahead room one body takes."""
-        self._block_size = block_size
-
     def object_name(self, key: bytes) -> str:
         """The object that holds ``key``: ``prefix`` and 32 hex digits of BLAKE2b."""
         return self.prefix + block_digest(key).hex()
@@ -233,28 +234,7 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
         except (TypeError, ValueError):
             return None
 
-    # -- the five operations ---------------------------------------------------------------------
-
-    async def lookup(self, key: bytes) -> LookupResult:
-        (result,) = await self.lookup_many([key])
-        return result
-
-    async def read_into(self, key: bytes, buf: memoryview) -> int:
-        (outcome,) = await self.read_many_into([key], [buf])
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
-
-    async def write(self, key: bytes, data: bytes | memoryview) -> None:
-        (failure,) = await self.write_many([(key, data)])
-        if failure is not None:
-            raise failure
-
-    async def remove(self, key: bytes) -> bool:
-        (outcome,) = await self.remove_many([key])
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
+    # -- the batch operations ---------------------------------------------------------------------
 
     async def clear(self) -> None:
         """Delete every block object under ``prefix`` (the whole fleet's; not other objects
@@ -466,7 +446,7 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
         return n
 
     async def write_many(
-        self, items: Sequence[tuple[bytes, bytes | memoryview]]
+        self, items: Sequence[tuple[bytes, Buffer]], meta: Sequence[BlockMeta] | None = None
     ) -> list[Exception | None]:
         """A PUT of each block, at most ``max_concurrency`` at once (each frame is built when
         its request gets a slot, so memory stays bounded by the slots, not the batch). Of two
@@ -475,7 +455,7 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
         deadline = self._requests.deadline()
         late = self._late
 
-        async def one(item: tuple[bytes, bytes | memoryview]) -> None:
+        async def one(item: tuple[bytes, Buffer]) -> None:
             key, data = item
             name = self.object_name(key)
             self._lookahead.changed(name)

@@ -48,7 +48,7 @@ from ._outage import GuardedTier, ServerGuard
 from ._redis_late import guarded_write, noting_retry, refuse_late_copies
 from ._redis_reads import bounded_payload_into, frame_limit, get_ranges
 from ._resp import RespReaderPool, RespServerError, fast_reader_target
-from .base import SecondaryTier, TierUsage
+from .base import BlockMeta, Buffer, SecondaryTier, TierCapabilities, TierSetup, TierUsage
 from .framing import block_digest, encode_frame
 
 if TYPE_CHECKING:
@@ -139,6 +139,8 @@ class RedisTier(GuardedTier, SecondaryTier):
     most ``max_read_connections`` connections open.
     """
 
+    capabilities = TierCapabilities(clearable=True)
+
     def __init__(
         self,
         url: str,
@@ -219,7 +221,7 @@ class RedisTier(GuardedTier, SecondaryTier):
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    async def open(self) -> None:
+    async def open(self, setup: TierSetup | None = None) -> None:
         """Create the client and check the server once.
 
         A server that does not answer is not fatal (the circuit opens and the probe reconnects
@@ -332,48 +334,7 @@ class RedisTier(GuardedTier, SecondaryTier):
         self._guard.success()
         return result
 
-    # -- the five operations ---------------------------------------------------------------------
-
-    async def lookup(self, key: bytes) -> LookupResult:
-        rkey = self.redis_key(key)
-        flags = [await self._call("lookup", lambda c: c.exists(rkey))]
-        await refuse_late_copies(self._late, self._call, [rkey], flags)
-        n = flags[0]
-        if not n:
-            self._forget(rkey)
-        return LookupResult.HIT if n else LookupResult.MISS
-
-    async def read_into(self, key: bytes, buf: memoryview) -> int:
-        rkey = self.redis_key(key)
-        limit = frame_limit(key, buf)
-        (value,) = await self._call("read", lambda c: get_ranges(c, [rkey], [limit]))
-        got = bounded_payload_into(value, key, buf)
-        (outcome,) = await self._settle_reads([rkey], [buf], [got])
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
-
-    async def write(self, key: bytes, data: bytes | memoryview) -> None:
-        if self.cluster:  # its client resends single commands in a loop of its own
-            error = (await self.write_many([(key, data)]))[0]
-            if error is not None:
-                raise error
-            return
-        rkey = self.redis_key(key)
-        frame = encode_frame(key, data)
-        await guarded_write(
-            self._late, self._call, "write", [(rkey, data)],
-            lambda c: c.set(rkey, frame, px=self._px),
-        )  # fmt: skip
-        self._remember(rkey, len(frame))
-        self._late.written(rkey, data)
-
-    async def remove(self, key: bytes) -> bool:
-        rkey = self.redis_key(key)
-        n = await self._call("remove", lambda c: c.delete(rkey))
-        self._forget(rkey)
-        self._late.removed(rkey)
-        return bool(n)
+    # -- the batch operations ---------------------------------------------------------------------
 
     async def remove_many(self, keys: Sequence[bytes]) -> list[bool | Exception]:
         """One pipelined round trip of DELs (the engine batches the removes a put queues)."""
@@ -527,7 +488,7 @@ class RedisTier(GuardedTier, SecondaryTier):
         return out
 
     async def write_many(
-        self, items: Sequence[tuple[bytes, bytes | memoryview]]
+        self, items: Sequence[tuple[bytes, Buffer]], meta: Sequence[BlockMeta] | None = None
     ) -> list[Exception | None]:
         """All blocks in one non-transactional pipeline of ``SET`` (of several writes of one
         key only the last is sent; each reports its outcome)."""

@@ -8,7 +8,7 @@ Layout under ``path`` (``docs/ssd.md``; names in ``_ssd/layout.py``)::
     checkpoint       the index at the last clean close, consumed by the next open()
 
 The tier learns its block size from the engine when it opens
-(:meth:`~aiotier.tiers.base.SecondaryTier.configure_block_size`), or from ``block_size=`` when
+(:class:`~aiotier.tiers.base.TierSetup`), or from ``block_size=`` when
 used on its own, or from the directory it reopens. Each slot holds one block; its header
 (``_ssd/slot.py``) carries the key, a write sequence number and checksums, and every read
 checks that it found the very write of the very key the index points at.
@@ -44,7 +44,7 @@ from ._ssd.reads import ReadBatch
 from ._ssd.startup import SSDStart
 from ._ssd.turns import KeyTurns
 from ._ssd.writes import WriteBatch, writes_ended
-from .base import SecondaryTier, TierUsage
+from .base import BlockMeta, Buffer, Eviction, SecondaryTier, TierCapabilities, TierSetup, TierUsage
 
 __all__ = ["SSDInspection", "SSDStart", "SSDTier", "inspect_directory"]
 
@@ -71,6 +71,8 @@ class SSDTier(SecondaryTier):
     used without an engine (an engine gives its own); a directory keeps the block size it was
     created for.
     """
+
+    capabilities = TierCapabilities(clearable=True)
 
     def __init__(
         self,
@@ -109,6 +111,9 @@ class SSDTier(SecondaryTier):
         self._closing = False
         self._turns = KeyTurns()
         self._handover = Handover()
+        # what take_evictions hands over (TierSetup.evictions); counted either way
+        self._hand_over = "none"
+        self._evictions = 0
         # Keys evicted with nothing handed over, for the engine's removed events (bounded: a
         # tier used without an engine never has them taken).
         self._evicted_keys: deque[bytes] = deque(maxlen=_EVICTED_KEYS_MAX)
@@ -125,8 +130,8 @@ class SSDTier(SecondaryTier):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    def configure_block_size(self, block_size: int) -> None:
-        """The engine's block size (called before :meth:`open`); slots are sized for it."""
+    def _set_block_size(self, block_size: int) -> None:
+        """The engine's block size (from :meth:`open`'s setup); slots are sized for it."""
         check_int("block_size", block_size)
         if self.block_size is not None and self.block_size != block_size:
             raise ConfigError(
@@ -160,9 +165,15 @@ class SSDTier(SecondaryTier):
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    async def open(self) -> None:
+    async def open(self, setup: TierSetup | None = None) -> None:
         """Create or check the directory, take its lock, load the index (the checkpoint of a
-        clean close, else a header scan) and reserve the slot files' space (one thread hop)."""
+        clean close, else a header scan) and reserve the slot files' space (one thread hop).
+        ``setup`` gives the engine's block size (the slots are sized for it) and what
+        :meth:`take_evictions` hands over."""
+        if setup is not None:
+            if setup.block_size is not None:
+                self._set_block_size(setup.block_size)
+            self._hand_over = setup.evictions
         if self._open:
             return
         runner = HopRunner(self.io_threads, self.name)
@@ -246,11 +257,6 @@ class SSDTier(SecondaryTier):
 
     # -- reads ---------------------------------------------------------------------------------
 
-    async def lookup(self, key: bytes) -> LookupResult:
-        self._check_open()
-        key = _as_key(key)
-        return _HIT if key in self._index.lru or key in self._handover else _MISS
-
     async def lookup_many(self, keys: Sequence[bytes]) -> list[LookupResult]:
         self._check_open()
         lru, handover = self._index.lru, self._handover
@@ -262,12 +268,6 @@ class SSDTier(SecondaryTier):
         """Exact: the index in memory is the truth about what is on disk."""
         key = _as_key(key)
         return key in self._index.lru or key in self._handover
-
-    async def read_into(self, key: bytes, buf: memoryview) -> int:
-        result = (await self.read_many_into([key], [buf]))[0]
-        if isinstance(result, Exception):
-            raise result
-        return result
 
     async def read_many_into(
         self, keys: Sequence[bytes], bufs: Sequence[memoryview]
@@ -344,13 +344,8 @@ class SSDTier(SecondaryTier):
 
     # -- writes --------------------------------------------------------------------------------
 
-    async def write(self, key: bytes, data: bytes | memoryview) -> None:
-        error = (await self.write_many([(key, data)]))[0]
-        if error is not None:
-            raise error
-
     async def write_many(
-        self, items: Sequence[tuple[bytes, bytes | memoryview]]
+        self, items: Sequence[tuple[bytes, Buffer]], meta: Sequence[BlockMeta] | None = None
     ) -> list[Exception | None]:
         """Write many blocks, one op per thread; failures are returned per item. Of several
         writes of one key only the last is carried out, and the earlier ones report its outcome
@@ -389,10 +384,10 @@ class SSDTier(SecondaryTier):
             handover.supersede(plan.key)
         if victim is None:
             return None
-        self.evictions += 1
-        if self.handover_evicted:
+        self._evictions += 1
+        if self._hand_over == "bytes":
             return handover.leave(victim.key)
-        if self.report_evicted:
+        if self._hand_over == "keys":
             self._evicted_keys.append(victim.key)
         return None
 
@@ -406,7 +401,7 @@ class SSDTier(SecondaryTier):
             for j, err in enumerate(errors):
                 if err is not None:
                     results[j] = self._write_error(op.keys[j], err)
-            if dropped and self.report_evicted and not self.handover_evicted:
+            if dropped and self._hand_over == "keys":
                 self._evicted_keys.extend(dropped)  # their older copies are gone too
             if clear:
                 self._clear(clear)
@@ -456,12 +451,6 @@ class SSDTier(SecondaryTier):
             self._room.set()
         finally:
             op.settle([None if e is None else _as_exception(e) for e in errors])
-
-    async def remove(self, key: bytes) -> bool:
-        result = (await self.remove_many([key]))[0]
-        if isinstance(result, Exception):
-            raise result
-        return result
 
     async def remove_many(self, keys: Sequence[bytes]) -> list[bool | Exception]:
         """Drop many keys: their slots' headers cleared in one op (durably with ``fsync``)."""
@@ -523,21 +512,22 @@ class SSDTier(SecondaryTier):
 
     # -- evictions and usage -------------------------------------------------------------------
 
-    def take_evicted_keys(self) -> list[bytes]:
-        lru = self._index.lru
-        out = [k for k in self._evicted_keys if k not in lru]  # not written here again since
-        self._evicted_keys.clear()
-        return out
-
-    def take_evicted(self) -> list[tuple[bytes, bytes]]:
-        return self._handover.take()
+    def take_evictions(self) -> list[Eviction]:
+        if self._evicted_keys:
+            lru = self._index.lru
+            gone: list[Eviction] = [(k, None) for k in self._evicted_keys if k not in lru]
+            self._evicted_keys.clear()  # (those written here again since are not gone)
+            return gone
+        taken: list[Eviction] = []
+        taken += self._handover.take()
+        return taken
 
     def usage(self) -> TierUsage:
         """Blocks held; bytes are whole slots (what they take of the reserved files)."""
         n = len(self._index)
         capacity = self._index.slots * self._slot_size if self._open else self.capacity_bytes
         started = self.last_start.after if self.last_start is not None else None
-        return TierUsage(n, n * self._slot_size, capacity, started)
+        return TierUsage(n, n * self._slot_size, capacity, started, self._evictions)
 
 
 def _sync_files(fds: list[int]) -> None:

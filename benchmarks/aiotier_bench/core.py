@@ -339,7 +339,7 @@ async def step_loop(
             engine.prepare_store([k])
             engine.complete_store([k], sizes=[block])
         else:
-            await tier.write(k, bytes(block))
+            await tier.write_many([(k, bytes(block))])
     engine.end_step()  # the fill's own samples are not part of the measured steps
     engine.take_events()
     total_steps = STEP_WARMUP + steps
@@ -529,16 +529,14 @@ async def memory_promote(rounds: int, n_keys: int = 4096) -> list[Case]:
     engines: dict[str, TieringEngine] = {}
     for variant in ("request", "anonymous"):
         tier = MemoryTier(2 * n_keys * bs)
-        for k, v in zip(keys, values, strict=True):
-            await tier.write(k, v)
+        await tier.write_many(list(zip(keys, values, strict=True)))
         # every slot may hold a promotion here: the loop stores nothing it would need room for
         engine = TieringEngine(PrimaryTier(PROMOTE_PRIMARY, bs), [tier], max_promotion_share=1.0)
         await engine.open()
         engines[variant] = engine
     serial = itertools.count()
     bare_tier = MemoryTier(2 * n_keys * bs)
-    for k, v in zip(keys, values, strict=True):
-        await bare_tier.write(k, v)
+    await bare_tier.write_many(list(zip(keys, values, strict=True)))
     bare = BareEngine(PROMOTE_PRIMARY, bs, bare_tier)
 
     async def bare_round() -> float:

@@ -35,8 +35,7 @@ async def promotion_phases(
     """µs per batch of each phase (the minimum over ``rounds`` rounds of every batch), and
     their ``total``. The engine is never opened: only its core is driven (nothing awaits)."""
     tier = MemoryTier(2 * len(keys) * block_size)
-    for k, v in zip(keys, values, strict=True):
-        await tier.write(k, v)
+    await tier.write_many(list(zip(keys, values, strict=True)))
     engine = TieringEngine(PrimaryTier(primary_blocks, block_size), [tier], max_promotion_share=1)
     core = engine.core
     promotions = core.promotions

@@ -458,7 +458,7 @@ async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> 
                 "sync_same_work_over_floor": figures["same_work"] / figures["floor"],
                 "sync_without_victim_copy": figures["no_copy_out"],
                 "sync_without_victim_copy_over_floor": figures["no_copy_out"] / figures["floor"],
-                "evictions": tier.evictions,
+                "evictions": tier.usage().evictions,
             },
         )
     finally:

@@ -4,7 +4,7 @@ which are written into a secondary tier, what counts as a sighting, and the exac
 from __future__ import annotations
 
 import pytest
-from helpers import eventually
+from helpers import eventually, write_one
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -89,7 +89,7 @@ async def test_a_secondary_tier_is_written_only_what_it_admits() -> None:
 
 async def test_a_write_kept_out_leaves_no_older_copy_to_serve() -> None:
     below = MemoryTier(1 << 20)
-    await below.write(b"k", b"old")
+    await write_one(below, b"k", b"old")
     async with TieringEngine(
         PrimaryTier(1, 16),
         [below],

@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Sequence
 
 import pytest
-from helpers import DictTier, block, eventually, seeded
+from helpers import DictTier, block, eventually, seeded, write_one
 
 from aiotier import (
     ConfigError,
@@ -61,8 +61,8 @@ class NoClear(DictTier):
 
 async def test_a_tier_that_cannot_clear_is_refused_before_anything_changes() -> None:
     tier = NoClear()
-    assert not tier.can_clear and not FaultyTier(tier).can_clear
-    assert MemoryTier(1).can_clear and FaultyTier(MemoryTier(1)).can_clear
+    assert not tier.capabilities.clearable and not FaultyTier(tier).capabilities.clearable
+    assert MemoryTier(1).capabilities.clearable and FaultyTier(MemoryTier(1)).capabilities.clearable
     async with TieringEngine(PrimaryTier(1, 64), [MemoryTier(1 << 20), tier]) as e:
         assert await e.put("a", block(1))
         with pytest.raises(ConfigError, match="'noclear' cannot be cleared"):
@@ -129,7 +129,7 @@ class CopiesThenWaits(MemoryTier):
 
 async def test_a_promotion_in_flight_at_a_clear_lands_nothing() -> None:
     tier = CopiesThenWaits()
-    await tier.write(b"k0", block(0))
+    await write_one(tier, b"k0", block(0))
     async with TieringEngine(PrimaryTier(4, 64), [tier]) as e:
         assert await e.lookup("k0", R1) is RETRY
         await asyncio.wait_for(tier.copied.wait(), 5)  # the bytes are in the slot already

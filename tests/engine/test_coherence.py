@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-from helpers import block, eventually, seeded
+from helpers import block, eventually, seeded, write_one
 
 from aiotier import (
     LookupResult,
@@ -51,7 +51,7 @@ async def test_put_over_a_queued_demotion_leaves_no_old_bytes_below() -> None:
 async def test_delete_during_cascade_handover_does_not_resurrect() -> None:
     m1 = MemoryTier(64, name="m1")  # room for one block
     m2 = MemoryTier(1 << 20, name="m2")
-    await m1.write(b"k", b"old")
+    await write_one(m1, b"k", b"old")
     async with TieringEngine(PrimaryTier(1, 64), [m1, m2]) as e:
         assert await e.put("x", block(1))
         assert await e.put("y", block(2))  # evicts x: WRITE(x) to m1 will push k down to m2
@@ -64,7 +64,7 @@ async def test_delete_during_cascade_handover_does_not_resurrect() -> None:
 async def test_put_during_cascade_handover_leaves_no_old_bytes_below() -> None:
     m1 = FaultyTier(MemoryTier(64, name="m1"))  # room for one block
     m2 = MemoryTier(1 << 20, name="m2")
-    await m1.inner.write(b"k", b"old")
+    await write_one(m1.inner, b"k", b"old")
     async with TieringEngine(PrimaryTier(1, 64), [m1, m2]) as e:
         assert await e.put("x", block(1))
         assert await e.put("k", b"new")  # evicts x: WRITE(x) to m1 will push k(old) down
@@ -78,7 +78,7 @@ async def test_put_during_cascade_handover_leaves_no_old_bytes_below() -> None:
 async def test_block_on_its_way_down_between_secondary_tiers_is_found() -> None:
     m1 = FaultyTier(MemoryTier(64, name="m1")).delay("write", 0.05)  # one block
     m2 = MemoryTier(1 << 20, name="m2")
-    await m1.inner.write(b"k", b"kept")
+    await write_one(m1.inner, b"k", b"kept")
     async with TieringEngine(PrimaryTier(1, 64), [m1, m2]) as e:
         assert await e.put("x", block(1))
         assert await e.put("y", block(2))  # WRITE(x) queued
@@ -89,7 +89,7 @@ async def test_block_on_its_way_down_between_secondary_tiers_is_found() -> None:
 async def test_get_whose_promotion_pushes_the_block_down_still_returns_it() -> None:
     m1 = FaultyTier(MemoryTier(64, name="m1")).delay("read", 0.05)  # one block
     m2 = MemoryTier(1 << 20, name="m2")
-    await m1.inner.write(b"k", b"kept")
+    await write_one(m1.inner, b"k", b"kept")
     async with TieringEngine(PrimaryTier(1, 64), [m1, m2]) as e:
         assert await e.put("x", block(1))  # dirty: its eviction is written to m1
         # the promotion of k evicts x; x's write-back evicts k from m1, handed to m2
@@ -98,7 +98,7 @@ async def test_get_whose_promotion_pushes_the_block_down_still_returns_it() -> N
 async def test_stale_copy_is_not_handed_down_and_served() -> None:
     m1 = FaultyTier(MemoryTier(64, name="m1"))  # one 64-byte block
     m2 = MemoryTier(1 << 20, name="m2")
-    await m1.inner.write(b"k", b"old")
+    await write_one(m1.inner, b"k", b"old")
     async with TieringEngine(PrimaryTier(2, 64), [m1, m2]) as e:
         m1.fail("remove")
         assert await e.put("k", b"new")  # its REMOVE from m1 fails: old stays there (stale)
@@ -149,8 +149,8 @@ async def test_get_read_around_finds_a_block_that_moved_down() -> None:
     m1 = FaultyTier(MemoryTier(64, name="m1")).delay("read", 0.05)  # one block
     m2 = MemoryTier(1 << 20, name="m2")
     m3 = FaultyTier(MemoryTier(1 << 20, name="m3")).hang("read")
-    await m1.inner.write(b"k", b"kept")
-    await m3.inner.write(b"h", b"hung")
+    await write_one(m1.inner, b"k", b"kept")
+    await write_one(m3.inner, b"h", b"hung")
     tiers = [m1, m2, m3]
     async with TieringEngine(PrimaryTier(2, 64), tiers, max_inflight_promotions=1) as e:
         assert await e.lookup("h") is RETRY  # its read hangs: the promotion budget is spent
@@ -212,7 +212,7 @@ async def test_flush_timeout_does_not_hide_a_key_forever() -> None:
         tier.heal()
         await deleting
         await e.flush(timeout=5)
-        await inner.write(b"k", b"kv")  # e.g. another engine sharing the tier wrote it
+        await write_one(inner, b"k", b"kv")  # e.g. another engine sharing the tier wrote it
         assert await e.get("k") == b"kv"
 
 async def test_failed_remove_after_put_never_serves_older_bytes() -> None:
@@ -239,7 +239,7 @@ async def test_failed_write_through_never_serves_older_bytes() -> None:
 async def test_put_between_tier_eviction_and_handover_is_not_undone() -> None:
     m1 = FaultyTier(MemoryTier(64, name="m1")).delay("write", 0.05)  # one block
     m2 = MemoryTier(1 << 20, name="m2")
-    await m1.inner.write(b"k", b"old")
+    await write_one(m1.inner, b"k", b"old")
     async with TieringEngine(PrimaryTier(1, 64), [m1, m2]) as e:
         assert await e.put("x", block(1))
         assert await e.put("y", block(2))  # WRITE(x) queued
@@ -264,7 +264,7 @@ async def test_put_does_not_raise_for_a_tier_hint_fault() -> None:
 
 async def test_delete_whose_tier_remove_fails_never_serves_the_deleted_bytes() -> None:
     tier = FaultyTier(MemoryTier(1 << 20))
-    await tier.write(b"k", b"old")  # written below by this or another engine
+    await write_one(tier, b"k", b"old")  # written below by this or another engine
     async with TieringEngine(PrimaryTier(2, 16), [tier], backoff_seconds=0.01) as e:
         tier.fail("remove")
         await e.delete("k")
@@ -274,7 +274,7 @@ async def test_delete_whose_tier_remove_fails_never_serves_the_deleted_bytes() -
 
 async def test_put_whose_tier_remove_fails_never_serves_older_bytes() -> None:
     tier = FaultyTier(MemoryTier(1 << 20))
-    await tier.write(b"k", b"old")
+    await write_one(tier, b"k", b"old")
     async with TieringEngine(PrimaryTier(1, 16), [tier], write_policy="none") as e:
         tier.fail("remove")
         assert await e.put("k", b"new")

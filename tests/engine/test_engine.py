@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 
 import pytest
-from helpers import aiotier_tasks, block, eventually, seeded
+from helpers import aiotier_tasks, block, eventually, read_one, seeded, write_one
 
 from aiotier import (
     BlockingEngine,
@@ -130,7 +130,7 @@ class _SlowReadTier(MemoryTier):
 
 async def test_a_read_that_ended_in_time_lands_after_the_loop_was_busy_past_its_timeout() -> None:
     tier = _SlowReadTier(after=0.05)
-    await tier.write(b"k", b"kkkk")
+    await write_one(tier, b"k", b"kkkk")
     async with TieringEngine(PrimaryTier(2, 4), [tier], promotion_timeout=0.1) as e:
         assert await e.lookup("k") is RETRY
         await asyncio.sleep(0.01)  # the read is under way
@@ -143,7 +143,7 @@ async def test_a_read_that_ended_in_time_lands_after_the_loop_was_busy_past_its_
 
 async def test_aclose_during_a_read_counts_it_cancelled_and_lets_the_tier_wind_down() -> None:
     tier = _SlowReadTier(after=10, wind_down=0.3)
-    await tier.write(b"k", b"kkkk")
+    await write_one(tier, b"k", b"kkkk")
     e = TieringEngine(
         PrimaryTier(2, 4), [tier], promotion_timeout=0.2, io_timeout=5.0,
         breaker=BreakerPolicy(failure_threshold=1),
@@ -177,7 +177,7 @@ async def test_a_cancelled_aclose_still_closes_everything() -> None:
     await e.aclose()  # awaits the same close
     assert tier.closed
     assert not any(h.open for h in e.health().values())
-    assert await tier.read_into(b"k", memoryview(bytearray(4))) == 4  # written down first
+    assert await read_one(tier, b"k", memoryview(bytearray(4))) == 4  # written down first
     assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("aiotier-")]
 
 

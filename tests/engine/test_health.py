@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
-from helpers import DictTier, FakeClock, block, eventually
+from helpers import DictTier, FakeClock, block, eventually, write_one
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -149,7 +149,7 @@ async def test_a_failed_promotion_read_counts_toward_the_circuit() -> None:
     clock = FakeClock()
     tier = FaultyTier(MemoryTier(1 << 20)).fail("read")
     for i in range(3):
-        await tier.inner.write(b"k%d" % i, block(i))
+        await write_one(tier.inner, b"k%d" % i, block(i))
     policy = BreakerPolicy(failure_threshold=1, cooldown=1.0, clock=clock)
     async with TieringEngine(PrimaryTier(4, 64), [tier], breaker=policy) as engine:
         assert await engine.lookup("k0") is RETRY
@@ -164,7 +164,7 @@ async def test_corrupt_blocks_and_a_full_disk_do_not_open_the_circuit() -> None:
     reaching the tier: its other blocks stay readable."""
     tier = FaultyTier(MemoryTier(1 << 20)).corrupt().disk_full()
     for i in range(8):
-        await tier.inner.write(b"k%d" % i, block(i))
+        await write_one(tier.inner, b"k%d" % i, block(i))
     policy = BreakerPolicy(failure_threshold=2, cooldown=60.0, clock=FakeClock())
     async with TieringEngine(PrimaryTier(1, 64), [tier], breaker=policy) as engine:
         for i in range(6):

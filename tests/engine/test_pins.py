@@ -5,9 +5,10 @@ request that finishes or races its own lookup holds nothing.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import pytest
-from helpers import block, eventually, seeded
+from helpers import block, eventually, seeded, write_one
 
 from aiotier import (
     BlockNotReadyError,
@@ -111,18 +112,20 @@ async def test_overlapping_lookup_prefixes_share_promotions_and_release_pins() -
 class _LateWriterTier(MemoryTier):
     """Reads slowly and, when cancelled, still writes its buffer a moment later (a thread)."""
 
-    async def read_into(self, key: bytes, buf: memoryview) -> int:
+    async def read_many_into(
+        self, keys: Sequence[bytes], bufs: Sequence[memoryview]
+    ) -> list[int | Exception]:
         try:
             await asyncio.sleep(10)
         except asyncio.CancelledError:
             await asyncio.sleep(0.05)
-            buf[:4] = b"LATE"
+            bufs[0][:4] = b"LATE"
             raise
-        return await super().read_into(key, buf)
+        return await super().read_many_into(keys, bufs)
 
 async def test_slot_of_a_timed_out_promotion_is_not_reused_while_the_read_writes() -> None:
     tier = _LateWriterTier(1 << 20)
-    await tier.write(b"k", b"kkkk")
+    await write_one(tier, b"k", b"kkkk")
     async with TieringEngine(PrimaryTier(1, 4), [tier], promotion_timeout=0.05) as e:
         assert await e.lookup("k") is RETRY
         assert await e.wait(["k"], timeout=5) == [MISS]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from helpers import block, seeded
+from helpers import block, remove_one, seeded
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -41,8 +41,8 @@ async def test_prefetch_returns_as_soon_as_everything_landed(probe: MetricsProbe
 async def test_prefetch_past_its_deadline_keeps_the_partial_prefix(probe: MetricsProbe) -> None:
     provider = MeterProvider(metric_readers=[probe.reader])
     fast, slow = await seeded(2, name="fast"), FaultyTier(await seeded(4, name="slow"))
-    await slow.inner.remove(b"k0")
-    await slow.inner.remove(b"k1")
+    await remove_one(slow.inner, b"k0")
+    await remove_one(slow.inner, b"k1")
     slow.hang("read")
     async with TieringEngine(
         PrimaryTier(8, 64), [fast, slow], meter_provider=provider, promotion_timeout=30

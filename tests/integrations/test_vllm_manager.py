@@ -18,6 +18,7 @@ from enum import Enum
 from types import SimpleNamespace
 
 import pytest
+from helpers import write_one
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -91,7 +92,7 @@ def seeded_memory_tier(keys: Iterable[bytes], name: str = "memory") -> MemoryTie
 
     async def fill() -> None:
         for k in keys:
-            await tier.write(k, k)
+            await write_one(tier, k, k)
 
     asyncio.run(fill())
     return tier

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+from helpers import write_one
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -26,7 +27,7 @@ def probe() -> MetricsProbe:
 async def engine(probe: MetricsProbe) -> AsyncIterator[TieringEngine]:
     tier = FaultyTier(MemoryTier(1 << 20)).delay("read", 0.02)
     for i in range(8):
-        await tier.write(b"k%d" % i, b"v%d" % i)
+        await write_one(tier, b"k%d" % i, b"v%d" % i)
     provider = MeterProvider(metric_readers=[probe.reader])
     async with TieringEngine(PrimaryTier(8, 16), [tier], meter_provider=provider) as e:
         yield e

@@ -9,6 +9,7 @@ import urllib.request
 from collections.abc import Sequence
 
 import pytest
+from helpers import write_one
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
@@ -40,7 +41,7 @@ class CountedMemoryTier(MemoryTier):
 
 async def tiers() -> list[MemoryTier | FaultyTier]:
     tier = CountedMemoryTier(1 << 20)
-    await tier.write(b"below", b"x")
+    await write_one(tier, b"below", b"x")
     return [tier, FaultyTier(MemoryTier(1 << 20), name="broken").fail("lookup")]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from helpers import aiotier_tasks, block, eventually, seeded
+from helpers import aiotier_tasks, block, eventually, seeded, write_one
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -72,7 +72,7 @@ async def test_get_retry_observes_one_deferral(probe: MetricsProbe) -> None:
     provider = MeterProvider(metric_readers=[probe.reader])
     m1 = FaultyTier(MemoryTier(64, name="m1")).delay("read", 0.05)  # one block
     m2 = MemoryTier(1 << 20, name="m2")
-    await m1.inner.write(b"k", b"kept")
+    await write_one(m1.inner, b"k", b"kept")
     async with TieringEngine(PrimaryTier(1, 64), [m1, m2], meter_provider=provider) as e:
         assert await e.put("x", block(1))
         assert await e.get("k") == b"kept"  # promoted from m2 on its second attempt
@@ -136,8 +136,8 @@ async def test_get_that_waits_twice_is_one_deferral(
     metrics = probe
     upper = FaultyTier(MemoryTier(1 << 20), name="upper").fail("read")
     lower = MemoryTier(1 << 20, name="lower")
-    await upper.write(b"k", b"v")
-    await lower.write(b"k", b"v")
+    await write_one(upper, b"k", b"v")
+    await write_one(lower, b"k", b"v")
     async with TieringEngine(PrimaryTier(4, 16), [upper, lower], meter_provider=provider) as e:
         assert await e.get("k") == b"v"  # the upper read fails, the lower one lands
         e.end_step()
@@ -149,7 +149,7 @@ async def test_request_admitted_while_its_lookup_waits_on_a_tier(
     provider = MeterProvider(metric_readers=[probe.reader])
     metrics = probe
     tier = FaultyTier(MemoryTier(1 << 20)).delay("lookup", 0.05)
-    await tier.write(b"k", b"v")
+    await write_one(tier, b"k", b"v")
     async with TieringEngine(PrimaryTier(4, 16), [tier], meter_provider=provider) as e:
         req = RequestContext("r")
         lookup = asyncio.ensure_future(e.lookup("k", req))

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from helpers import write_one
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -149,7 +150,7 @@ async def test_a_step_boundary_makes_no_sdk_call_for_counters() -> None:
     counting = CountingMeterProvider(sdk)
     try:
         tier = MemoryTier(1000)
-        await tier.write(b"k", b"v")
+        await write_one(tier, b"k", b"v")
         async with TieringEngine(PrimaryTier(4, 8), [tier], meter_provider=counting) as engine:
             counting.reset()
             assert await engine.lookup(b"k") is LookupResult.RETRY
@@ -213,7 +214,7 @@ async def test_samples_exported_at_a_step_boundary_carry_no_exemplar_of_the_curr
     reader, provider = exported
     tracer = TracerProvider().get_tracer("test")
     tier = MemoryTier(1000)
-    await tier.write(b"k", b"v")
+    await write_one(tier, b"k", b"v")
     async with on(provider, tier) as engine:
         assert await engine.lookup(b"k") is LookupResult.RETRY
         await engine.wait([b"k"])

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from helpers import write_one
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -18,9 +21,11 @@ class CountingTier(MemoryTier):
         super().__init__(1 << 20, name=name)
         self.reads = 0
 
-    async def read_into(self, key: bytes, buf: memoryview) -> int:
-        self.reads += 1
-        return await super().read_into(key, buf)
+    async def read_many_into(
+        self, keys: Sequence[bytes], bufs: Sequence[memoryview]
+    ) -> list[int | Exception]:
+        self.reads += len(keys)
+        return await super().read_many_into(keys, bufs)
 
     def counters(self) -> dict[str, int]:
         return {"reads": self.reads, "never": 0}
@@ -37,7 +42,7 @@ async def test_each_tiers_counters_are_exported_when_collected() -> None:
     provider = MeterProvider(metric_readers=[probe.reader])
     counting = CountingTier("counting")
     broken = BrokenCounters(1 << 20, name="broken")
-    await counting.write(b"k", b"v")
+    await write_one(counting, b"k", b"v")
     async with TieringEngine(
         PrimaryTier(4, 16), [FaultyTier(counting), broken], meter_provider=provider
     ) as e:

@@ -10,7 +10,7 @@ from typing import Any
 
 import obstore
 import pytest
-from helpers import check_written_views_may_be_reused
+from helpers import check_written_views_may_be_reused, lookup_one, read_one, remove_one, write_one
 from seaweedfs_fixtures import (
     ACCESS_KEY,
     READER_KEY,
@@ -20,7 +20,7 @@ from seaweedfs_fixtures import (
     use_credentials,
 )
 
-from aiotier import ConfigError, LookupResult, ObjectStoreTier, TierUnavailableError
+from aiotier import ConfigError, LookupResult, ObjectStoreTier, TierSetup, TierUnavailableError
 from aiotier.errors import BlockCorruptedError, TieringError
 from aiotier.tiers._object_client import Refused, ServerBusy, Unreachable, classify
 from aiotier.tiers.framing import HEADER, block_digest, encode_frame
@@ -73,7 +73,7 @@ async def raw_get(s3: S3Endpoint, name: str) -> bytes:
 async def read_back(t: ObjectStoreTier, key: bytes) -> bytes | None:
     """What ``t`` reads for ``key``; None when it has nothing."""
     b = buf()
-    n = await t.read_into(key, b)
+    n = await read_one(t, key, b)
     return None if n < 0 else bytes(b[:n])
 
 
@@ -110,7 +110,7 @@ async def test_a_written_view_s_buffer_may_be_reused_at_once(tier: ObjectStoreTi
 async def test_objects_are_frames_named_by_a_hash_of_the_key_under_the_prefix(
     s3: S3Endpoint, tier: ObjectStoreTier
 ) -> None:
-    await tier.write(b"alpha", b"payload-alpha")
+    await write_one(tier, b"alpha", b"payload-alpha")
     name = s3.prefix + block_digest(b"alpha").hex()
     assert tier.object_name(b"alpha") == name
     assert await listed(s3) == {name: len(encode_frame(b"alpha", b"payload-alpha"))}
@@ -134,13 +134,13 @@ async def test_objects_are_frames_named_by_a_hash_of_the_key_under_the_prefix(
 async def test_hostile_keys_stay_under_the_prefix(
     s3: S3Endpoint, tier: ObjectStoreTier, key: bytes
 ) -> None:
-    await tier.write(key, b"v" + key[:16])
+    await write_one(tier, key, b"v" + key[:16])
     names = await listed(s3)
     assert list(names) == [s3.prefix + block_digest(key).hex()]
     b = buf()
-    n = await tier.read_into(key, b)
+    n = await read_one(tier, key, b)
     assert bytes(b[:n]) == b"v" + key[:16]
-    assert await tier.remove(key) is True
+    assert await remove_one(tier, key) is True
     assert await listed(s3) == {}
 
 
@@ -166,10 +166,10 @@ def test_other_bad_arguments_are_config_errors() -> None:
 
 
 async def test_block_longer_than_the_buffer_is_refused_untouched(tier: ObjectStoreTier) -> None:
-    await tier.write(b"big", b"z" * 100)
+    await write_one(tier, b"big", b"z" * 100)
     small = buf(10)
     with pytest.raises(ValueError, match="100 bytes, buffer holds 10"):
-        await tier.read_into(b"big", small)
+        await read_one(tier, b"big", small)
     assert bytes(small) == bytes(10)
 
 
@@ -184,7 +184,7 @@ async def test_overwritten_object_is_a_counted_miss_and_never_returned(
     s3: S3Endpoint, tier: ObjectStoreTier, corrupt: str
 ) -> None:
     payload = bytes(range(256)) * 64
-    await tier.write(b"victim", payload)
+    await write_one(tier, b"victim", payload)
     name = tier.object_name(b"victim")
     good = encode_frame(b"victim", payload)
     flipped = bytearray(good)
@@ -201,19 +201,19 @@ async def test_overwritten_object_is_a_counted_miss_and_never_returned(
     reader = tier_on(s3)  # knows nothing of the object: asks the server
     await reader.open()
     try:
-        assert await reader.lookup(b"victim") is HIT  # a HEAD cannot tell
+        assert await lookup_one(reader, b"victim") is HIT  # a HEAD cannot tell
         b = buf(len(payload))
         with pytest.raises(BlockCorruptedError, match="object tier 'object'"):
-            await reader.read_into(b"victim", b)
+            await read_one(reader, b"victim", b)
         assert bytes(b) == bytes(len(payload))  # nothing of the bad object was copied
         assert reader.corrupted == 1
         assert reader.contains_hint(b"victim") is None
         # The tier now knows that object by its ETag: a MISS without another GET.
-        assert await reader.lookup(b"victim") is MISS
+        assert await lookup_one(reader, b"victim") is MISS
         # A fresh write of the key is served again.
-        await tier.write(b"victim", payload)
-        assert await reader.lookup(b"victim") is HIT
-        assert await reader.read_into(b"victim", b) == len(payload)
+        await write_one(tier, b"victim", payload)
+        assert await lookup_one(reader, b"victim") is HIT
+        assert await read_one(reader, b"victim", b) == len(payload)
         assert bytes(b) == payload
         assert reader.corrupted == 1
     finally:
@@ -251,15 +251,15 @@ async def test_a_write_whose_answer_was_lost_that_lands_late_is_never_read(
         names = [t.object_name(b"k"), t.object_name(b"r")]
         late = [await raw_get(s3, n) for n in names]
         assert await read_back(t, b"k") == b"OLD"  # nothing newer acknowledged: the newest tried
-        await t.write(b"k", b"NEW")
-        assert await t.remove(b"r")
+        await write_one(t, b"k", b"NEW")
+        assert await remove_one(t, b"r")
         for name, frame in zip(names, late, strict=True):  # they land again, after those
             await raw_put(s3, name, frame)
         assert await read_back(t, b"k") is None and await read_back(t, b"r") is None
-        assert await t.lookup(b"k") is MISS  # known by its ETag now: no request
+        assert await lookup_one(t, b"k") is MISS  # known by its ETag now: no request
         await raw_put(s3, names[0], encode_frame(b"k", b"THEIRS"))  # another engine's write
         assert await read_back(t, b"k") == b"THEIRS"
-        await t.write(b"k", b"NEWER")
+        await write_one(t, b"k", b"NEWER")
         assert await read_back(t, b"k") == b"NEWER"
     finally:
         await t.aclose()
@@ -281,12 +281,12 @@ async def test_recent_writes_and_reads_answer_without_a_request(
     s3: S3Endpoint, tier: ObjectStoreTier
 ) -> None:
     assert tier.contains_hint(b"k") is None
-    await tier.write(b"k", b"v")
+    await write_one(tier, b"k", b"v")
     assert tier.contains_hint(b"k") is True
     sent = tier.requests
     assert await tier.lookup_many([b"k", b"k"]) == [HIT, HIT]
     assert tier.requests == sent
-    assert await tier.lookup(b"absent") is MISS
+    assert await lookup_one(tier, b"absent") is MISS
     assert tier.requests == sent + 1  # one HEAD
     assert tier.contains_hint(b"absent") is None  # never False: the bucket is shared
 
@@ -294,7 +294,7 @@ async def test_recent_writes_and_reads_answer_without_a_request(
     await reader.open()
     try:
         assert reader.contains_hint(b"k") is None
-        await reader.read_into(b"k", buf())
+        await read_one(reader, b"k", buf())
         assert reader.contains_hint(b"k") is True
         deadline = time.monotonic() + 5
         while reader.contains_hint(b"k") is True:  # forgotten after recent_ttl
@@ -310,7 +310,7 @@ async def test_usage_is_what_this_tier_wrote(s3: S3Endpoint, tier: ObjectStoreTi
     frames = len(encode_frame(b"a", b"1" * 10)) + len(encode_frame(b"b", b"2" * 20))
     usage = tier.usage()
     assert (usage.blocks, usage.bytes_used, usage.capacity_bytes) == (2, frames, None)
-    await tier.write(b"a", b"1" * 10)  # rewriting counts once
+    await write_one(tier, b"a", b"1" * 10)  # rewriting counts once
     assert tier.usage().blocks == 2
     assert sum((await listed(s3)).values()) == frames
     assert await tier.remove_many([b"a", b"b", b"c"]) == [True, True, False]
@@ -324,10 +324,10 @@ async def test_a_key_removed_by_someone_else_leaves_usage_on_the_next_lookup(
     t = tier_on(s3, recent_ttl=0)
     await t.open()
     try:
-        await t.write(b"gone", b"v")
+        await write_one(t, b"gone", b"v")
         await obstore.delete_async(s3.store(), t.object_name(b"gone"))  # type: ignore[arg-type]
         assert t.usage().blocks == 1
-        assert await t.lookup(b"gone") is MISS
+        assert await lookup_one(t, b"gone") is MISS
         assert t.usage().blocks == 0
     finally:
         await t.aclose()
@@ -367,8 +367,7 @@ async def test_the_look_ahead_budget_bounds_what_lookups_fetch(s3: S3Endpoint) -
     await written(s3, [(k, bytes(4096)) for k in keys])
     frame = HEADER.size + 2 + 4096
     reader = tier_on(s3, lookahead_bytes=2 * frame)
-    reader.configure_block_size(4096)  # what the engine does before open()
-    await reader.open()
+    await reader.open(TierSetup(block_size=4096))  # what the engine does
     try:
         assert await reader.lookup_many(keys) == [HIT] * 5  # 2 GETs, 3 HEADs
         assert await reader.read_many_into(keys, [buf() for _ in keys]) == [4096] * 5
@@ -393,8 +392,8 @@ async def test_a_write_through_the_tier_after_a_lookup_is_what_the_read_returns(
     reader = tier_on(s3)
     await reader.open()
     try:
-        assert await reader.lookup(b"k") is HIT  # fetched b"old..."
-        await reader.write(b"k", b"new" * 100)
+        assert await lookup_one(reader, b"k") is HIT  # fetched b"old..."
+        await write_one(reader, b"k", b"new" * 100)
         assert await read_back(reader, b"k") == b"new" * 100
         assert reader.lookahead_reads == 0
     finally:
@@ -431,9 +430,9 @@ async def test_a_body_fetched_across_a_write_of_its_key_is_not_kept(s3: S3Endpoi
     reader.client = slow  # type: ignore[assignment]
     await reader.open()
     try:
-        lookup = asyncio.create_task(reader.lookup(b"k"))
+        lookup = asyncio.create_task(lookup_one(reader, b"k"))
         await asyncio.wait_for(slow.reached.wait(), 10)  # the GET has the old bytes ...
-        await reader.write(b"k", b"new" * 100)  # ... when the tier writes new ones
+        await write_one(reader, b"k", b"new" * 100)  # ... when the tier writes new ones
         slow.release.set()
         assert await lookup is HIT
         assert await read_back(reader, b"k") == b"new" * 100
@@ -453,10 +452,10 @@ async def test_a_lookup_during_a_write_or_remove_does_not_keep_the_old_body(
     await t.open()
     try:
         mutation = asyncio.create_task(
-            t.write(b"k", b"new" * 100) if change == "write" else t.remove(b"k")
+            write_one(t, b"k", b"new" * 100) if change == "write" else remove_one(t, b"k")
         )
         await asyncio.wait_for(held.reached.wait(), 10)  # the request is under way ...
-        assert await t.lookup(b"k") is HIT  # ... and this GET finds the old object
+        assert await lookup_one(t, b"k") is HIT  # ... and this GET finds the old object
         held.release.set()
         await mutation
         assert await read_back(t, b"k") == (b"new" * 100 if change == "write" else None)
@@ -493,7 +492,7 @@ async def test_clear_deletes_every_block_under_the_prefix_and_nothing_else(
 async def test_immutable_keys_skip_writes_the_bucket_already_holds(
     s3: S3Endpoint, tier: ObjectStoreTier
 ) -> None:
-    await tier.write(b"doc-hash", b"first")
+    await write_one(tier, b"doc-hash", b"first")
     writer = tier_on(s3, immutable_keys=True)
     await writer.open()
     try:
@@ -502,7 +501,7 @@ async def test_immutable_keys_skip_writes_the_bucket_already_holds(
         assert writer.skipped_writes == 1
         assert writer.requests == sent + 3  # HEAD, HEAD, PUT: no PUT of the held key
         assert writer.usage().blocks == 1  # only what it wrote itself
-        await writer.write(b"doc-hash", b"first")  # known now: no request at all
+        await write_one(writer, b"doc-hash", b"first")  # known now: no request at all
         assert (writer.skipped_writes, writer.requests) == (2, sent + 3)
         assert await raw_get(s3, writer.object_name(b"doc-hash")) == encode_frame(
             b"doc-hash", b"first"
@@ -519,8 +518,8 @@ async def test_immutable_keys_rewrite_an_object_that_failed_verification(
     try:
         await raw_put(s3, writer.object_name(b"k"), b"junk")
         with pytest.raises(BlockCorruptedError):
-            await writer.read_into(b"k", buf())
-        await writer.write(b"k", b"good")
+            await read_one(writer, b"k", buf())
+        await write_one(writer, b"k", b"good")
         assert writer.skipped_writes == 0
         assert await raw_get(s3, writer.object_name(b"k")) == encode_frame(b"k", b"good")
     finally:
@@ -595,13 +594,13 @@ async def test_open_refuses_a_missing_bucket_and_wrong_credentials(
 async def test_a_read_only_identity_reads_and_its_writes_fail_without_retries(
     s3: S3Endpoint, tier: ObjectStoreTier, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await tier.write(b"shared", b"bytes")
+    await write_one(tier, b"shared", b"bytes")
     use_credentials(monkeypatch, READER_KEY, READER_SECRET)
     reader = tier_on(s3)
     await reader.open()
     try:
         b = buf()
-        assert await reader.read_into(b"shared", b) == 5
+        assert await read_one(reader, b"shared", b) == 5
         (failure,) = await reader.write_many([(b"mine", b"x")])
         assert isinstance(failure, TieringError)
         assert "403" in str(failure)
@@ -622,7 +621,7 @@ async def test_no_server_is_a_quick_unavailable_tier_not_an_error_at_open() -> N
         assert not t.available
         started = time.monotonic()
         with pytest.raises(TierUnavailableError, match="circuit open"):
-            await t.lookup(b"k")
+            await lookup_one(t, b"k")
         assert await t.write_many([(b"k", b"v")]) != [None]
         assert time.monotonic() - started < 0.5
         assert t.errors >= 3
@@ -653,7 +652,7 @@ async def test_busy_answers_are_retried_with_jittered_backoff_within_the_deadlin
     t = ObjectStoreTier("b", endpoint_url="http://127.0.0.1:1", retry_base=0.001, lookahead_bytes=0)
     scripted = ScriptedClient(ServerBusy("503 Slow Down", 503), ServerBusy("429", 429), '"e"')
     t.client = scripted  # type: ignore[assignment]
-    assert await t.lookup(b"k") is HIT
+    assert await lookup_one(t, b"k") is HIT
     assert (scripted.calls, t.retries, t.errors) == (3, 2, 0)
 
     t = ObjectStoreTier(
@@ -664,7 +663,7 @@ async def test_busy_answers_are_retried_with_jittered_backoff_within_the_deadlin
     t.client = always  # type: ignore[assignment]
     started = time.monotonic()
     with pytest.raises(TierUnavailableError, match="500"):
-        await t.lookup(b"k")
+        await lookup_one(t, b"k")
     assert time.monotonic() - started < 0.3 + 0.1  # gave up before the deadline
     assert always.calls > 2 and t.retries == always.calls - 1
     assert t.available  # an answering server is not an outage
@@ -682,7 +681,7 @@ async def test_a_hung_request_ends_at_the_deadline_and_counts_for_the_breaker() 
     t.client = Hung()  # type: ignore[assignment]
     for _ in range(2):
         with pytest.raises(TierUnavailableError, match=r"timed out after 0\.1s"):
-            await t.lookup(b"k")
+            await lookup_one(t, b"k")
     assert not t.available
     await t.aclose()
 

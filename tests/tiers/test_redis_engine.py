@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as redis_asyncio
+from helpers import lookup_one
 from redis_fixtures import RedisServerFactory
 
 from aiotier import LookupResult, PrimaryTier, RequestContext, TieringEngine
@@ -304,7 +305,7 @@ async def test_server_killed_with_promotions_in_flight(
             assert time.monotonic() < deadline, "the tier did not reconnect"
             await asyncio.sleep(0.02)
         assert await e.put(b"after-restart", block(99))
-        assert await tier.lookup(b"after-restart") is MISS  # write_back: still only in primary
+        assert await lookup_one(tier, b"after-restart") is MISS  # write_back: still only in primary
     async with engine_on(server.url) as writer:
         assert await writer.put(b"written-again", block(5))
         writer_tier = writer.tiers[0]

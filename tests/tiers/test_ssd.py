@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 from blockbuster import blockbuster_ctx
-from helpers import check_written_views_may_be_reused
+from helpers import check_written_views_may_be_reused, lookup_one, read_one, remove_one, write_one
 
 from aiotier._types import LookupResult
 from aiotier.errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
-from aiotier.tiers import SSDTier
+from aiotier.tiers import SSDTier, TierSetup
 from aiotier.tiers._ssd import ops
 from aiotier.tiers._ssd.hops import HopRunner
 from aiotier.tiers._ssd.layout import Geometry
@@ -83,7 +83,7 @@ def rewrite_slot(tier: SSDTier, key: bytes, fn: Callable[[bytearray], bytes]) ->
 
 async def read(tier: SSDTier, key: bytes, cap: int = 2 * MiB) -> bytes | None:
     buf = bytearray(cap)
-    n = await tier.read_into(key, memoryview(buf))
+    n = await read_one(tier, key, memoryview(buf))
     return None if n < 0 else bytes(buf[:n])
 
 
@@ -130,33 +130,33 @@ async def test_a_written_view_s_buffer_may_be_reused_at_once(tier: SSDTier) -> N
 
 async def test_write_then_read_returns_the_same_bytes(tier: SSDTier) -> None:
     data = os.urandom(300_000)
-    await tier.write(b"k", data)
-    assert await tier.lookup(b"k") is LookupResult.HIT
+    await write_one(tier, b"k", data)
+    assert await lookup_one(tier, b"k") is LookupResult.HIT
     assert tier.contains_hint(b"k") is True
     assert await read(tier, b"k") == data
-    assert await tier.lookup(b"other") is LookupResult.MISS
-    assert await tier.read_into(b"other", memoryview(bytearray(10))) == -1
+    assert await lookup_one(tier, b"other") is LookupResult.MISS
+    assert await read_one(tier, b"other", memoryview(bytearray(10))) == -1
 
 
 async def test_memoryview_data_and_empty_block(tier: SSDTier) -> None:
     arena = bytearray(os.urandom(4096))
-    await tier.write(b"view", memoryview(arena)[1024:2048])
-    await tier.write(b"empty", b"")
+    await write_one(tier, b"view", memoryview(arena)[1024:2048])
+    await write_one(tier, b"empty", b"")
     assert await read(tier, b"view") == bytes(arena[1024:2048])
     assert await read(tier, b"empty") == b""
 
 
 async def test_read_into_a_short_buffer_is_a_value_error(tier: SSDTier) -> None:
-    await tier.write(b"k", b"x" * 100)
+    await write_one(tier, b"k", b"x" * 100)
     with pytest.raises(ValueError, match="100 bytes"):
-        await tier.read_into(b"k", memoryview(bytearray(99)))
+        await read_one(tier, b"k", memoryview(bytearray(99)))
     assert await read(tier, b"k") == b"x" * 100
     assert tier.index.holds[tier.index.lru[b"k"]] == 0  # the refused read let go of its slot
 
 
 async def test_slot_carries_header_key_and_payload(tier: SSDTier, root: Path) -> None:
     """Slot layout (docs/ssd.md): header with the shared frame inside, key, payload."""
-    await tier.write(b"key", b"payload")
+    await write_one(tier, b"key", b"payload")
     seq = tier.index.seq[tier.index.lru[b"key"]]
     assert raw_slot(tier, b"key") == encode_head(b"key", seq, b"payload") + b"payload"
     assert raw_slot(tier, b"key", 48)[8:14] == b"ATSL\x02\x00"
@@ -167,9 +167,9 @@ async def test_slot_carries_header_key_and_payload(tier: SSDTier, root: Path) ->
 
 
 async def test_overwrite_lands_in_another_slot_and_clears_the_old_one(tier: SSDTier) -> None:
-    await tier.write(b"k", b"a" * 100)
+    await write_one(tier, b"k", b"a" * 100)
     old_path, old_off = where(tier, b"k")
-    await tier.write(b"k", b"b" * 5000)
+    await write_one(tier, b"k", b"b" * 5000)
     assert where(tier, b"k") != (old_path, old_off)
     assert await read(tier, b"k") == b"b" * 5000
     await until(lambda: _runner(tier).idle)
@@ -181,11 +181,11 @@ async def test_overwrite_lands_in_another_slot_and_clears_the_old_one(tier: SSDT
 
 
 async def test_remove_clears_the_slot_on_disk(tier: SSDTier) -> None:
-    await tier.write(b"k", b"data")
+    await write_one(tier, b"k", b"data")
     path, off = where(tier, b"k")
-    assert await tier.remove(b"k") is True
-    assert await tier.remove(b"k") is False
-    assert await tier.lookup(b"k") is LookupResult.MISS
+    assert await remove_one(tier, b"k") is True
+    assert await remove_one(tier, b"k") is False
+    assert await lookup_one(tier, b"k") is LookupResult.MISS
     with path.open("rb") as f:
         f.seek(off)
         assert f.read(8) == bytes(8)
@@ -206,7 +206,7 @@ async def test_clear_empties_the_index_and_clears_every_header_on_disk(
         with path.open("rb") as f:
             f.seek(off)
             assert f.read(8) == bytes(8)
-    await tier.write(b"after", b"new")  # the tier goes on
+    await write_one(tier, b"after", b"new")  # the tier goes on
     assert await read(tier, b"after") == b"new"
     await tier.aclose()
     again = SSDTier(root, 64 * MiB)
@@ -275,24 +275,24 @@ async def test_read_many_into_one_bad_block_does_not_fail_its_neighbours(
             assert bytes(bufs[i][: len(blocks[k])]) == blocks[k]
     assert out[20] == -1
     assert isinstance(out[21], ValueError)
-    assert await tier.lookup(b"k3") is LookupResult.MISS
+    assert await lookup_one(tier, b"k3") is LookupResult.MISS
 
 
 async def test_str_keys_are_their_utf8_bytes(tier: SSDTier) -> None:
-    await tier.write("é", b"1")  # type: ignore[arg-type]
+    await write_one(tier, "é", b"1")  # type: ignore[arg-type]
     assert await read(tier, "é".encode()) == b"1"
 
 
 async def test_keys_longer_than_the_limit_are_refused(tier: SSDTier) -> None:
     with pytest.raises(ValueError, match="1024"):
-        await tier.write(b"k" * 1025, b"x")
-    await tier.write(b"k" * 1024, b"x" * BS)  # the longest key with the largest block fits
+        await write_one(tier, b"k" * 1025, b"x")
+    await write_one(tier, b"k" * 1024, b"x" * BS)  # the longest key with the largest block fits
     assert await read(tier, b"k" * 1024) == b"x" * BS
 
 
 async def test_block_larger_than_the_block_size_is_refused(tier: SSDTier) -> None:
     with pytest.raises(ValueError, match="block size"):
-        await tier.write(b"k", b"x" * (BS + 1))
+        await write_one(tier, b"k", b"x" * (BS + 1))
     assert tier.usage().blocks == 0
 
 
@@ -314,9 +314,9 @@ async def test_the_block_size_comes_from_the_argument_the_engine_or_the_director
         await SSDTier(root, MiB).open()
     assert not root.exists() or not slot_files(root)
     t = SSDTier(root, MiB)
-    t.configure_block_size(4096)  # what an engine does before open()
+    await t.open(TierSetup(block_size=4096))  # what an engine does
     async with t:
-        await t.write(b"k", b"v")
+        await write_one(t, b"k", b"v")
     async with SSDTier(root, MiB) as again:  # a reopened directory keeps its own
         assert again.block_size == 4096
         assert await read(again, b"k") == b"v"
@@ -324,7 +324,7 @@ async def test_the_block_size_comes_from_the_argument_the_engine_or_the_director
         await SSDTier(root, MiB, block_size=8192).open()
     other = SSDTier(root, MiB, block_size=4096)
     with pytest.raises(ConfigError, match="8192"):
-        other.configure_block_size(8192)
+        await other.open(TierSetup(block_size=8192))
 
 
 async def test_capacity_smaller_than_one_slot_is_a_clear_error(root: Path) -> None:
@@ -335,12 +335,12 @@ async def test_capacity_smaller_than_one_slot_is_a_clear_error(root: Path) -> No
 async def test_operations_after_aclose_are_unavailable(root: Path) -> None:
     t = SSDTier(root, MiB, block_size=4096)
     await t.open()
-    await t.write(b"k", b"v")
+    await write_one(t, b"k", b"v")
     await t.aclose()
     with pytest.raises(TierUnavailableError):
-        await t.read_into(b"k", memoryview(bytearray(8)))
+        await read_one(t, b"k", memoryview(bytearray(8)))
     with pytest.raises(TierUnavailableError):
-        await t.write(b"k", b"v")
+        await write_one(t, b"k", b"v")
     await t.aclose()  # idempotent
 
 
@@ -356,9 +356,9 @@ async def test_space_is_reserved_at_open_allocated_not_only_apparent(root: Path)
         assert sum(f.stat().st_blocks * 512 for f in files) >= expected  # before any write
         assert t.usage().capacity_bytes == expected
         for i in range(100):  # more than fits: evictions, never growth
-            await t.write(f"k{i}".encode(), os.urandom(BS))
+            await write_one(t, f"k{i}".encode(), os.urandom(BS))
         assert sum(f.stat().st_size for f in files) == expected
-        assert t.evictions == 100 - expected // slot_size(BS)
+        assert t.usage().evictions == 100 - expected // slot_size(BS)
 
 
 async def test_space_that_cannot_be_reserved_fails_open_naming_path_and_size(
@@ -378,7 +378,7 @@ async def test_space_that_cannot_be_reserved_fails_open_naming_path_and_size(
     assert slot_files(root) == []  # nothing half-reserved stays behind
     monkeypatch.undo()
     async with SSDTier(root, capacity, block_size=BS) as t:  # and it opens once there is room
-        await t.write(b"k", b"v")
+        await write_one(t, b"k", b"v")
 
 
 async def test_more_capacity_than_the_disk_has_is_refused_before_anything_is_made(
@@ -394,7 +394,7 @@ async def test_more_capacity_than_the_disk_has_is_refused_before_anything_is_mad
         assert time.monotonic() - started < 5  # refused up front, not after filling the disk
         assert not root.exists()  # nothing of the attempt is left
     async with SSDTier(root, MiB, block_size=8192) as t:  # another geometry, at once
-        await t.write(b"k", b"v")
+        await write_one(t, b"k", b"v")
 
 
 async def test_a_tier_at_capacity_evicts_instead_of_failing(root: Path) -> None:
@@ -407,7 +407,7 @@ async def test_a_tier_at_capacity_evicts_instead_of_failing(root: Path) -> None:
             assert await t.write_many(items) == [None] * 5
             assert t.usage().blocks == min(8, 5 * (round_ + 1))
             assert t.usage().bytes_used <= cap
-        assert t.evictions == 50 - 8
+        assert t.usage().evictions == 50 - 8
         for k, v in items:
             assert await read(t, k) == v
 
@@ -431,22 +431,22 @@ async def test_clean_restart_loads_the_checkpoint_and_keeps_every_block(root: Pa
         assert t2.usage() == type(before)(before.blocks, before.bytes_used,
                                           before.capacity_bytes, "clean")  # fmt: skip
         for k, v in blocks.items():
-            assert await t2.lookup(k) is LookupResult.HIT
+            assert await lookup_one(t2, k) is LookupResult.HIT
             assert await read(t2, k) == v
 
 
 async def test_clean_restart_keeps_exact_lru_order_including_reads(root: Path) -> None:
     async with SSDTier(root, 8 * slot_size(4096), block_size=4096) as t:
         for i in range(8):
-            await t.write(f"k{i}".encode(), bytes([i]) * 1000)
+            await write_one(t, f"k{i}".encode(), bytes([i]) * 1000)
         assert await read(t, b"k1") is not None
         assert await read(t, b"k0") is not None
     async with SSDTier(root, 8 * slot_size(4096)) as t2:
         for i in range(4):  # four new blocks evict the four least recently used
-            await t2.write(f"new{i}".encode(), b"x")
+            await write_one(t2, f"new{i}".encode(), b"x")
         survivors = {k for k in (f"k{i}".encode() for i in range(8)) if t2.contains_hint(k)}
         assert survivors == {b"k6", b"k7", b"k1", b"k0"}
-        await t2.write(b"newer", b"y")  # and the order within the survivors holds
+        await write_one(t2, b"newer", b"y")  # and the order within the survivors holds
         assert not t2.contains_hint(b"k6")
 
 
@@ -462,7 +462,7 @@ async def test_after_a_crash_the_header_scan_finds_every_block_in_write_order(
 ) -> None:
     async with SSDTier(root, 6 * slot_size(4096), block_size=4096) as t:
         for i in range(6):
-            await t.write(f"k{i}".encode(), bytes([i]) * 100)
+            await write_one(t, f"k{i}".encode(), bytes([i]) * 100)
         await read(t, b"k0")  # read recency lives in memory until a clean close
         image = crash_image(root, tmp_path / "image")
     async with SSDTier(image, 6 * slot_size(4096)) as t2:
@@ -473,7 +473,7 @@ async def test_after_a_crash_the_header_scan_finds_every_block_in_write_order(
         for i in range(6):
             assert await read(t2, f"k{i}".encode()) == bytes([i]) * 100
         for i in range(3):
-            await t2.write(f"new{i}".encode(), b"x")
+            await write_one(t2, f"new{i}".encode(), b"x")
         survivors = {k for k in (f"k{i}".encode() for i in range(6)) if t2.contains_hint(k)}
         assert survivors == {b"k3", b"k4", b"k5"}  # write order: k0's read was lost
 
@@ -506,7 +506,7 @@ async def test_a_damaged_checkpoint_falls_back_to_the_header_scan(
 
 async def test_a_checkpoint_that_no_longer_fits_the_files_is_not_trusted(root: Path) -> None:
     async with SSDTier(root, MiB, block_size=4096) as t:
-        await t.write(b"k", b"v")
+        await write_one(t, b"k", b"v")
     with (root / "slots-0000").open("r+b") as f:  # changed behind the closed tier's back
         f.truncate(slot_size(4096) * 3)
     async with SSDTier(root, MiB) as t2:
@@ -530,7 +530,7 @@ async def test_torn_slots_found_by_the_scan_are_free(root: Path, tmp_path: Path)
     async with SSDTier(image, MiB) as t2:
         start = t2.last_start
         assert start is not None and (start.torn, start.blocks) == (1, 9)
-        assert await t2.lookup(b"k4") is LookupResult.MISS
+        assert await lookup_one(t2, b"k4") is LookupResult.MISS
         for k, v in blocks.items():
             if k != b"k4":
                 assert await read(t2, k) == v
@@ -542,10 +542,10 @@ async def test_of_two_copies_of_a_key_after_a_crash_the_newest_wins(
 ) -> None:
     """A crash between a rewrite landing and the old copy's clearing leaves both copies."""
     async with SSDTier(root, MiB, block_size=4096) as t:
-        await t.write(b"k", b"old" * 10)
+        await write_one(t, b"k", b"old" * 10)
         old_path, old_off = where(t, b"k")
         old_bytes = raw_slot(t, b"k")
-        await t.write(b"k", b"new" * 20)
+        await write_one(t, b"k", b"new" * 20)
         await until(lambda: _runner(t).idle)
         image = crash_image(root, tmp_path / "image")
     with (image / old_path.name).open("r+b") as f:  # the old copy, as before its clearing
@@ -566,10 +566,10 @@ async def test_a_newest_copy_cut_short_by_a_crash_does_not_hide_the_older_one(
     """fsync=True promises an acknowledged block survives: a later write of the key that the
     crash cut short (header on disk, payload not) must not replace it."""
     async with SSDTier(root, MiB, block_size=4096) as t:
-        await t.write(b"k", b"acked" * 100)
+        await write_one(t, b"k", b"acked" * 100)
         acked = raw_slot(t, b"k")
         acked_at = where(t, b"k")
-        await t.write(b"k", b"newer" * 100)
+        await write_one(t, b"k", b"newer" * 100)
         await until(lambda: _runner(t).idle)
         newer_at = where(t, b"k")
         image = crash_image(root, tmp_path / "image")
@@ -589,7 +589,7 @@ async def test_capacity_changes_at_restart_resize_the_files(root: Path) -> None:
     size = slot_size(4096)
     async with SSDTier(root, 10 * size, block_size=4096) as t:
         for i in range(10):
-            await t.write(f"k{i}".encode(), bytes([i]) * 10)
+            await write_one(t, f"k{i}".encode(), bytes([i]) * 10)
     async with SSDTier(root, 4 * size) as t2:  # smaller: the blocks past the end go
         start = t2.last_start
         assert start is not None and (start.blocks, start.dropped) == (4, 6)
@@ -668,22 +668,22 @@ async def test_a_damaged_slot_is_a_miss_never_wrong_bytes(
     tier: SSDTier, damage: Callable[[bytearray], bytes]
 ) -> None:
     data = os.urandom(50_000)
-    await tier.write(b"k", data)
-    await tier.write(b"fine", b"neighbour")
+    await write_one(tier, b"k", data)
+    await write_one(tier, b"fine", b"neighbour")
     path, off = where(tier, b"k")
     rewrite_slot(tier, b"k", damage)
     buf = bytearray(100_000)
     with pytest.raises(BlockCorruptedError, match=r"ssd tier 'ssd'.*slots-0000"):
-        await tier.read_into(b"k", memoryview(buf))
-    assert await tier.lookup(b"k") is LookupResult.MISS  # dropped, not served again
-    assert await tier.read_into(b"k", memoryview(buf)) == -1
+        await read_one(tier, b"k", memoryview(buf))
+    assert await lookup_one(tier, b"k") is LookupResult.MISS  # dropped, not served again
+    assert await read_one(tier, b"k", memoryview(buf)) == -1
     assert tier.usage().blocks == 1
     await until(lambda: _runner(tier).idle)
     with path.open("rb") as f:
         f.seek(off)
         assert f.read(8) == bytes(8)  # cleared: a restart does not find it either
     assert await read(tier, b"fine") == b"neighbour"
-    await tier.write(b"k", data)  # the tier keeps working
+    await write_one(tier, b"k", data)  # the tier keeps working
     assert await read(tier, b"k") == data
 
 
@@ -698,23 +698,23 @@ async def test_a_truncated_slot_file_is_a_miss(root: Path) -> None:
             await read(t, b"k5")
         assert await read(t, b"k0") == bytes([0]) * 4000
     async with SSDTier(root, MiB) as t2:  # the next open restores the file's reserved size
-        assert await t2.lookup(b"k5") is LookupResult.MISS
+        assert await lookup_one(t2, b"k5") is LookupResult.MISS
         assert await read(t2, b"k4") == bytes([4]) * 4000
 
 
 async def test_a_block_is_never_read_under_another_key_even_when_its_slot_is_reused(
     tier: SSDTier,
 ) -> None:
-    await tier.write(b"a", b"A" * 1000)
+    await write_one(tier, b"a", b"A" * 1000)
     slot = tier.index.lru[b"a"]
     seq_a = tier.index.seq[slot]
     fd, off = tier._locate(slot)
-    assert await tier.remove(b"a")
+    assert await remove_one(tier, b"a")
     await until(lambda: _runner(tier).idle)
-    await tier.write(b"b", b"B" * 1000)
+    await write_one(tier, b"b", b"B" * 1000)
     assert tier.index.lru[b"b"] == slot  # the freed slot is the next one used
-    assert await tier.lookup(b"a") is LookupResult.MISS
-    assert await tier.read_into(b"a", memoryview(bytearray(1000))) == -1
+    assert await lookup_one(tier, b"a") is LookupResult.MISS
+    assert await read_one(tier, b"a", memoryview(bytearray(1000))) == -1
     # a read planned for a's copy that reaches the slot after b took it: refused, not b's bytes
     buf = bytearray(1000)
     stale = SlotReads([fd], [off], [b"a"], [seq_a], [memoryview(buf)], [slot], 1000, print)
@@ -735,17 +735,17 @@ async def test_foreign_slot_file_is_all_misses(root: Path, tmp_path: Path) -> No
     other = tmp_path / "other"
     for path, key in ((root, b"k"), (other, b"x")):
         async with SSDTier(path, MiB, block_size=4096) as t:
-            await t.write(key, key * 100)
+            await write_one(t, key, key * 100)
     (root / "checkpoint").unlink()
     shutil.copy(other / "slots-0000", root / "slots-0000")
     async with SSDTier(root, MiB) as t:
-        assert await t.lookup(b"k") is LookupResult.MISS
+        assert await lookup_one(t, b"k") is LookupResult.MISS
         assert await read(t, b"x") == b"x" * 100  # the scan finds what the file holds
 
 
 async def test_foreign_files_are_ignored_and_kept(root: Path) -> None:
     async with SSDTier(root, MiB, block_size=4096) as t:
-        await t.write(b"k", b"v")
+        await write_one(t, b"k", b"v")
     (root / "notes.txt").write_text("mine")
     (root / "slots-x").write_bytes(b"x" * 100)
     async with SSDTier(root, MiB) as t:
@@ -757,7 +757,7 @@ async def test_foreign_files_are_ignored_and_kept(root: Path) -> None:
 
 async def test_a_symlink_planted_as_a_slot_file_is_refused(root: Path, tmp_path: Path) -> None:
     async with SSDTier(root, MiB, block_size=4096) as t:
-        await t.write(b"k", b"v")
+        await write_one(t, b"k", b"v")
     outside = tmp_path / "outside"
     shutil.copy(root / "slots-0000", outside)
     (root / "slots-0000").unlink()
@@ -772,7 +772,7 @@ async def test_a_fifo_planted_as_a_tier_file_is_refused_not_waited_on(
     root: Path, name: str
 ) -> None:
     async with SSDTier(root, MiB, block_size=4096) as t:
-        await t.write(b"k", b"v")
+        await write_one(t, b"k", b"v")
     (root / name).unlink()
     os.mkfifo(root / name)  # opening it for reading would wait for a writer forever
     if name == "checkpoint":  # not a checkpoint to use: the headers are scanned
@@ -790,7 +790,7 @@ async def test_a_fifo_planted_as_a_tier_file_is_refused_not_waited_on(
 
 async def test_a_directory_in_place_of_the_checkpoint_is_a_config_error(root: Path) -> None:
     async with SSDTier(root, MiB, block_size=4096) as t:
-        await t.write(b"k", b"v")
+        await write_one(t, b"k", b"v")
     (root / "checkpoint").unlink()
     (root / "checkpoint").mkdir()
     with pytest.raises(ConfigError, match="cannot remove the checkpoint"):
@@ -802,7 +802,7 @@ async def test_a_directory_in_place_of_the_checkpoint_is_a_config_error(root: Pa
 
 async def test_directory_is_created_with_mode_0700(root: Path) -> None:
     async with SSDTier(root / "deep" / "er", MiB, block_size=4096) as t:
-        await t.write(b"k", b"v")
+        await write_one(t, b"k", b"v")
     d = root / "deep" / "er"
     assert stat.S_IMODE(d.stat().st_mode) == 0o700
     marker = (d / "aiotier-ssd").read_text()
@@ -813,7 +813,7 @@ async def test_directory_is_created_with_mode_0700(root: Path) -> None:
 
 async def test_second_tier_on_the_same_path_is_refused(root: Path) -> None:
     async with SSDTier(root, MiB, block_size=4096) as first:
-        await first.write(b"k", b"v")
+        await write_one(first, b"k", b"v")
         second = SSDTier(root, MiB, block_size=4096)
         with pytest.raises(TieringError, match="locked"):
             await second.open()
@@ -893,49 +893,49 @@ async def test_read_only_filesystem_is_a_clear_error_at_open(
 async def test_eviction_follows_exact_lru_order(root: Path) -> None:
     async with SSDTier(root, 5 * slot_size(4096), block_size=4096) as t:
         for i in range(5):
-            await t.write(f"k{i}".encode(), b"x" * 100)
+            await write_one(t, f"k{i}".encode(), b"x" * 100)
         await read(t, b"k0")  # k1 is now the least recent
-        await t.write(b"k5", b"y" * 100)
+        await write_one(t, b"k5", b"y" * 100)
         assert [t.contains_hint(f"k{i}".encode()) for i in range(6)] == [
             True, False, True, True, True, True,
         ]  # fmt: skip
-        await t.write(b"k6", b"y" * 100)
+        await write_one(t, b"k6", b"y" * 100)
         assert not t.contains_hint(b"k2")
-        assert t.evictions == 2
+        assert t.usage().evictions == 2
         assert t.usage().blocks == 5
 
 
 async def test_evicted_blocks_are_handed_over_with_their_bytes(root: Path) -> None:
     async with SSDTier(root, 3 * slot_size(4096), block_size=4096) as t:
-        t.handover_evicted = True
+        await t.open(TierSetup(evictions="bytes"))  # as under an engine with a tier below
         data = {f"k{i}".encode(): os.urandom(1000) for i in range(5)}
         for k, v in data.items():
-            await t.write(k, v)
-        assert t.take_evicted() == [(b"k0", data[b"k0"]), (b"k1", data[b"k1"])]
-        assert t.take_evicted() == []
-        t.handover_evicted = False
-        await t.write(b"k9", b"z" * 1000)
-        assert t.take_evicted() == []
+            await write_one(t, k, v)
+        assert t.take_evictions() == [(b"k0", data[b"k0"]), (b"k1", data[b"k1"])]
+        assert t.take_evictions() == []
+        await t.open(TierSetup(evictions="none"))
+        await write_one(t, b"k9", b"z" * 1000)
+        assert t.take_evictions() == []
 
 
 async def test_evicted_block_stays_readable_until_the_tier_below_took_it(root: Path) -> None:
     async with SSDTier(root, 2 * slot_size(4096), block_size=4096) as t:
-        t.handover_evicted = True
-        await t.write(b"k0", b"0" * 1000)
-        await t.write(b"k1", b"1" * 1000)
+        await t.open(TierSetup(evictions="bytes"))
+        await write_one(t, b"k0", b"0" * 1000)
+        await write_one(t, b"k1", b"1" * 1000)
         # k0's eviction races with reads of it: they get its bytes, never a miss
         results = await asyncio.gather(
-            t.write(b"k2", b"2" * 1000), *(read(t, b"k0") for _ in range(5))
+            write_one(t, b"k2", b"2" * 1000), *(read(t, b"k0") for _ in range(5))
         )
         assert results[1:] == [b"0" * 1000] * 5
-        assert await t.lookup(b"k0") is LookupResult.HIT  # in memory, on its way down
+        assert await lookup_one(t, b"k0") is LookupResult.HIT  # in memory, on its way down
         assert await read(t, b"k0") == b"0" * 1000
-        assert t.take_evicted() == [(b"k0", b"0" * 1000)]
-        assert await t.lookup(b"k0") is LookupResult.MISS
+        assert t.take_evictions() == [(b"k0", b"0" * 1000)]
+        assert await lookup_one(t, b"k0") is LookupResult.MISS
         # a newer write of a block in transit supersedes the evicted bytes
-        await t.write(b"k3", b"3" * 1000)  # evicts k1
-        await t.write(b"k1", b"n" * 1000)  # evicts k2; k1's old bytes are no longer handed
-        assert [k for k, _ in t.take_evicted()] == [b"k2"]
+        await write_one(t, b"k3", b"3" * 1000)  # evicts k1
+        await write_one(t, b"k1", b"n" * 1000)  # evicts k2; k1's old bytes are no longer handed
+        assert [k for k, _ in t.take_evictions()] == [b"k2"]
         assert await read(t, b"k1") == b"n" * 1000
 
 
@@ -962,7 +962,7 @@ async def test_concurrent_writes_and_reads_of_the_same_keys(root: Path) -> None:
         async def writer(n: int) -> None:
             for r in range(20):
                 k = keys[(n + r) % len(keys)]
-                await t.write(k, k + bytes([n, r]) * (100 + r))
+                await write_one(t, k, k + bytes([n, r]) * (100 + r))
 
         async def reader() -> None:
             for r in range(50):
@@ -990,9 +990,9 @@ async def test_concurrent_writes_removes_and_evictions_keep_index_and_disk_in_st
                 k = rng.choice(keys)
                 op = rng.random()
                 if op < 0.5:
-                    await t.write(k, k + bytes([n]) * rng.randrange(10, 3000))
+                    await write_one(t, k, k + bytes([n]) * rng.randrange(10, 3000))
                 elif op < 0.6:
-                    await t.remove(k)
+                    await remove_one(t, k)
                 elif op < 0.8:
                     await t.write_many([(k, k * 50), (rng.choice(keys), b"w" * 2000)])
                 else:
@@ -1038,11 +1038,11 @@ async def test_hostile_keys_stay_inside_the_slots(root: Path, tmp_path: Path) ->
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     async with SSDTier(root, MiB, block_size=4096) as t:
         for i, k in enumerate(HOSTILE):
-            await t.write(k, bytes([i]) * 10)
+            await write_one(t, k, bytes([i]) * 10)
         for i, k in enumerate(HOSTILE):
             assert await read(t, k) == bytes([i]) * 10
         for k in HOSTILE:
-            assert await t.remove(k)
+            assert await remove_one(t, k)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ssd"]
     assert not Path("/tmp/escape").exists()
     assert {p.name for p in root.iterdir()} == {
@@ -1075,21 +1075,21 @@ def eio(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None]:
 async def test_a_failed_write_drops_the_older_copy_and_the_tier_goes_on(
     tier: SSDTier, root: Path, eio: Callable[[bool], None]
 ) -> None:
-    await tier.write(b"old", b"1" * 1000)
-    await tier.write(b"k", b"previous")
+    await write_one(tier, b"old", b"1" * 1000)
+    await write_one(tier, b"k", b"previous")
     size = sum(f.stat().st_size for f in slot_files(root))
     eio(True)
     with pytest.raises(TierUnavailableError, match="Input/output error") as info:
-        await tier.write(b"k", b"newer")
+        await write_one(tier, b"k", b"newer")
     assert isinstance(info.value.__cause__, OSError)
     assert info.value.__cause__.errno == errno.EIO
     # the older version is gone too: no tier returns older bytes after a newer write
-    assert await tier.lookup(b"k") is LookupResult.MISS
+    assert await lookup_one(tier, b"k") is LookupResult.MISS
     assert await read(tier, b"k") is None
     errs = await tier.write_many([(b"a", b"x"), (b"b", b"y")])
     assert all(isinstance(e, TierUnavailableError) for e in errs)
     eio(False)
-    await tier.write(b"k", b"after")
+    await write_one(tier, b"k", b"after")
     assert await read(tier, b"k") == b"after"
     assert await read(tier, b"old") == b"1" * 1000
     assert tier.usage().blocks == 2
@@ -1099,13 +1099,13 @@ async def test_a_failed_write_drops_the_older_copy_and_the_tier_goes_on(
 async def test_a_failed_write_reports_the_older_copy_it_dropped_as_gone(
     tier: SSDTier, eio: Callable[[bool], None]
 ) -> None:
-    tier.configure_evictions(hand_over=False)  # as under an engine that reports evictions
+    await tier.open(TierSetup(evictions="keys"))  # as under an engine that reports evictions
     await tier.write_many([(b"k", b"previous"), (b"other", b"x")])
     eio(True)
     errors = await tier.write_many([(b"k", b"newer"), (b"new", b"y")])
     assert all(isinstance(e, TierUnavailableError) for e in errors)
     eio(False)
-    assert tier.take_evicted_keys() == [b"k"]  # "new" never had a copy: nothing to report
+    assert tier.take_evictions() == [(b"k", None)]  # "new" never had a copy: nothing to report
 
 
 async def test_a_key_written_twice_in_a_batch_holds_the_last_write(root: Path) -> None:
@@ -1132,7 +1132,7 @@ async def test_when_the_last_write_of_a_key_fails_every_write_of_it_reports_the_
 
     monkeypatch.setattr(os, "pwritev", pwritev)
     async with SSDTier(root, MiB, block_size=4096) as t:
-        await t.write(b"k", b"before the batch")
+        await write_one(t, b"k", b"before the batch")
         out = await t.write_many([(b"k", b"early"), (b"k", b"middle"), (b"k", doomed)])
         for error in out:
             assert isinstance(error, TierUnavailableError)
@@ -1158,16 +1158,16 @@ async def test_fsync_mode_syncs_each_batch_once_per_file_and_survives_restart(
 
     monkeypatch.setattr(os, "fdatasync", fdatasync)
     async with SSDTier(root, MiB, fsync=True, block_size=4096, io_threads=1) as t:
-        await t.write(b"k", b"durable")
+        await write_one(t, b"k", b"durable")
         assert len(synced) == 1
         assert await t.write_many([(f"b{i}".encode(), b"x") for i in range(10)]) == [None] * 10
         assert len(synced) == 2  # one group commit for the batch
-        assert await t.remove(b"b0")
+        assert await remove_one(t, b"b0")
         assert len(synced) == 3  # a remove is durable too
     monkeypatch.undo()
     async with SSDTier(root, MiB) as t:
         assert await read(t, b"k") == b"durable"
-        assert await t.lookup(b"b0") is LookupResult.MISS
+        assert await lookup_one(t, b"b0") is LookupResult.MISS
 
 
 # -- the event loop ---------------------------------------------------------------------------
@@ -1176,7 +1176,7 @@ async def test_fsync_mode_syncs_each_batch_once_per_file_and_survives_restart(
 async def test_cancelled_read_does_not_return_while_its_thread_writes_the_buffer(
     tier: SSDTier, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await tier.write(b"k", b"v" * 1000)
+    await write_one(tier, b"k", b"v" * 1000)
     entered = threading.Event()
     release = threading.Event()
     nowait = _runner(tier).nowait
@@ -1189,7 +1189,7 @@ async def test_cancelled_read_does_not_return_while_its_thread_writes_the_buffer
 
     monkeypatch.setattr(nowait, "preadv", slow_preadv)
     buf = bytearray(1000)
-    task = asyncio.ensure_future(tier.read_into(b"k", memoryview(buf)))
+    task = asyncio.ensure_future(read_one(tier, b"k", memoryview(buf)))
     await until(entered.is_set)
     task.cancel()
     for _ in range(50):
@@ -1204,8 +1204,8 @@ async def test_cancelled_read_does_not_return_while_its_thread_writes_the_buffer
 
 async def test_queued_read_cancelled_before_its_hop_is_withdrawn(root: Path) -> None:
     async with SSDTier(root, MiB, io_threads=1, block_size=4096) as t:
-        await t.write(b"k", b"v" * 10)
-        task = asyncio.ensure_future(t.read_into(b"k", memoryview(bytearray(10))))
+        await write_one(t, b"k", b"v" * 10)
+        task = asyncio.ensure_future(read_one(t, b"k", memoryview(bytearray(10))))
         await asyncio.sleep(0)  # queued, the flush not yet run
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -1218,14 +1218,14 @@ async def test_no_blocking_call_on_the_event_loop(root: Path) -> None:
     t = SSDTier(root, 16 * MiB, block_size=BS)
     with blockbuster_ctx():
         await t.open()
-        await t.write(b"k", os.urandom(100_000))
+        await write_one(t, b"k", os.urandom(100_000))
         await t.write_many([(f"b{i}".encode(), os.urandom(300_000)) for i in range(20)])
-        assert await t.lookup(b"k") is LookupResult.HIT
+        assert await lookup_one(t, b"k") is LookupResult.HIT
         out = await t.read_many_into(
             [b"k", b"b19"], [memoryview(bytearray(400_000)) for _ in range(2)]
         )
         assert out == [100_000, 300_000]
-        assert await t.remove(b"k")
+        assert await remove_one(t, b"k")
         await t.aclose()
         await t.open()  # from the checkpoint
         assert t.usage().blocks == 20
@@ -1288,9 +1288,9 @@ async def test_scattered_cold_blocks_are_read_after_the_warm_ones(
     its cache ended."""
     blocks = {f"k{i}".encode(): os.urandom(300_000) for i in range(5)}
     for i, (k, v) in enumerate(blocks.items()):
-        await tier.write(k, v)
+        await write_one(tier, k, v)
         for j in range(3):  # blocks of other keys between them
-            await tier.write(f"filler-{i}-{j}".encode(), b"f")
+            await write_one(tier, f"filler-{i}-{j}".encode(), b"f")
     assert all(b - a > 3 for a, b in pairwise(tier.index.lru[k] for k in blocks))
     order = await _simulate_page_cache(tier, monkeypatch, blocks, {b"k1": 0, b"k3": 70_000})
     assert order == [("start", k) for k in blocks] + [("complete", b"k1"), ("complete", b"k3")]
@@ -1355,7 +1355,7 @@ async def test_really_cold_blocks_read_back_exactly(tier: SSDTier, root: Path) -
 async def test_reads_work_where_the_file_system_refuses_rwf_nowait(
     tier: SSDTier, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await tier.write(b"k", b"v" * 5000)
+    await write_one(tier, b"k", b"v" * 5000)
     real_preadv = os.preadv
     refused: list[int] = []
 
@@ -1440,8 +1440,8 @@ async def test_a_write_acknowledged_while_the_tier_closes_survives_the_restart(
         root = str(tmp_path / f"t{trial}")
         tier = SSDTier(root, 64 * 8192, block_size=4096, fsync=True)
         await tier.open()
-        first = asyncio.ensure_future(tier.write(b"k", b"2" * 4096))
-        second = asyncio.ensure_future(tier.write(b"k", b"3" * 4096))
+        first = asyncio.ensure_future(write_one(tier, b"k", b"2" * 4096))
+        second = asyncio.ensure_future(write_one(tier, b"k", b"3" * 4096))
         await asyncio.sleep(0)
         closing = asyncio.ensure_future(tier.aclose())
         _, acked, _ = await asyncio.gather(first, second, closing, return_exceptions=True)
@@ -1449,7 +1449,7 @@ async def test_a_write_acknowledged_while_the_tier_closes_survives_the_restart(
         await again.open()
         try:
             buf = bytearray(4096)
-            assert await again.read_into(b"k", memoryview(buf)) == 4096
+            assert await read_one(again, b"k", memoryview(buf)) == 4096
             if acked is None:  # the second write returned success
                 assert bytes(buf[:1]) == b"3", f"trial {trial}: an acknowledged write was lost"
             else:
@@ -1462,17 +1462,16 @@ async def test_a_batch_that_rewrites_a_key_never_hands_its_older_copy_down(
     tmp_path: Path,
 ) -> None:
     tier = SSDTier(str(tmp_path / "t"), 2 * 8192, block_size=4096)  # two slots
-    tier.configure_evictions(hand_over=True)  # as under an engine with a tier below
-    await tier.open()
+    await tier.open(TierSetup(evictions="bytes"))  # as under an engine with a tier below
     try:
-        await tier.write(b"K", b"old" * 10)
-        await tier.write(b"A", b"a" * 10)  # full; K is the least recent
+        await write_one(tier, b"K", b"old" * 10)
+        await write_one(tier, b"A", b"a" * 10)  # full; K is the least recent
         if await tier.write_many([(b"K", b"new" * 10), (b"X", b"x" * 10)]) != [None, None]:
             pytest.fail("the batch failed")
         buf = bytearray(4096)
-        if await tier.read_into(b"K", memoryview(buf)) != 30 or buf[:30] != b"new" * 10:
+        if await read_one(tier, b"K", memoryview(buf)) != 30 or buf[:30] != b"new" * 10:
             pytest.fail("the tier does not hold the new K")
-        handed = {k: bytes(v) for k, v in tier.take_evicted()}
+        handed = {k: bytes(v or b"") for k, v in tier.take_evictions()}
         assert handed.get(b"K", b"new" * 10) == b"new" * 10, "K's older copy was handed down"
     finally:
         await tier.aclose()

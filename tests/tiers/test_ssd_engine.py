@@ -222,7 +222,7 @@ async def test_ssd_evictions_cascade_to_the_tier_below(tmp_path: Path) -> None:
             assert await engine.put(f"k{i}".encode(), blob(i))
         await engine.flush(timeout=10)
         await engine.flush(timeout=10)  # the cascade is queued by the first flush's writes
-        assert ssd.evictions > 0
+        assert ssd.usage().evictions > 0
         assert ssd.usage().bytes_used <= 3 * SLOT
         for i in range(9):
             assert await engine.get(f"k{i}".encode()) == blob(i)
@@ -234,14 +234,13 @@ async def test_evictions_of_the_last_tier_are_reported_as_removed_events(
 ) -> None:
     """With nothing below, the SSD tier names what it evicts (keys read from the victims'
     headers): replaying the events gives exactly what the tier holds, in LRU order. The same
-    through ``FaultyTier`` with no faults (it forwards the hand-over attributes)."""
+    through ``FaultyTier`` with no faults (it forwards the setup and the hand-over)."""
     from aiotier.testing import FaultyTier
 
     root = tmp_path / "ssd"
     ssd = SSDTier(root, 3 * SLOT)
     tier = FaultyTier(ssd, seed=0) if wrapped else ssd
     async with TieringEngine(PrimaryTier(2, BS), [tier], write_policy="write_back") as engine:
-        assert ssd.report_evicted and not ssd.handover_evicted
         for i in range(9):
             assert await engine.put(f"k{i}".encode(), blob(i))
         await engine.flush(timeout=10)
@@ -258,8 +257,8 @@ async def test_evictions_of_the_last_tier_are_reported_as_removed_events(
         on_disk = {k for i in range(9) if ssd.contains_hint(k := f"k{i}".encode())}
         assert held == on_disk == {b"k4", b"k5", b"k6"}  # k7, k8 still in the primary
         assert removed_order == [b"k0", b"k1", b"k2", b"k3"]  # least recently written first
-        assert ssd.evictions == 4
-        assert ssd.take_evicted_keys() == []  # taken by the engine
+        assert ssd.usage().evictions == 4
+        assert ssd.take_evictions() == []  # taken by the engine
 
 
 async def test_evictions_with_nothing_below_read_nothing_from_disk(
@@ -274,6 +273,6 @@ async def test_evictions_with_nothing_below_read_nothing_from_disk(
     monkeypatch.setattr(ops, "read_slot", lambda *a: reads.append(1) or real(*a))
     async with SSDTier(tmp_path / "ssd", 2 * Geometry.slot_size_for(100), block_size=100) as t:
         assert await t.write_many([(f"k{i}".encode(), b"v" * 100) for i in range(5)]) == [None] * 5
-        assert t.evictions == 3
-        assert t.take_evicted_keys() == []
+        assert t.usage().evictions == 3
+        assert t.take_evictions() == []  # a tier used alone keeps none
     assert reads == []

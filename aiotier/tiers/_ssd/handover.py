@@ -2,7 +2,7 @@
 
 An evicted block is still found while it is on its way down, so a block in transit is never a
 miss: first as *leaving* (the write that evicted it reads its slot before overwriting it), then
-as *handed* bytes in memory until ``take_evicted()``, then for one more round as *taken* bytes,
+as *handed* bytes in memory until ``take_evictions()``, then for one more round as *taken* bytes,
 for reads already under way when the engine took them. A newer write or a remove of the key
 drops its bytes in transit (no tier serves older bytes than the newest).
 """
