@@ -130,14 +130,15 @@ class TieringEngine:
         self._all_ready = primary.table.all_ready
         self._stats = core.stats
         # open, not closed, and no admission policy counting sightings: the only state the
-        # primary-hit fast paths check (with sightings to count, hits take the slow path)
+        # primary-hit fast paths check (with sightings to count, hits take the slow path);
+        # the caller-thread answers keep a copy, set with it
         self._fast = False
 
         self._flights = Flights()
         self._closing: asyncio.Task[None] | None = None
         self._opened = False
         #: the answers other threads get without a hop to the loop (``BlockingEngine``)
-        self._now = CallerThreadAnswers(self)
+        self._now = CallerThreadAnswers(primary.table, guard, core.stats, core.cached)
 
     @property
     def core(self) -> EngineCore:
@@ -192,7 +193,7 @@ class TieringEngine:
         await open_tiers(self.tiers, self._setups, o.open_timeout, o.tier_timeout)
         self._opened = True
         self._guard.bind()
-        self._fast = not self._core.sightings
+        self._fast = self._now.fast = not self._core.sightings
         self._core.count_tier_evictions_from([t.usage().evictions for t in self.tiers])
         assert self._writers is not None
         self._writers.start()
@@ -213,7 +214,7 @@ class TieringEngine:
         with self._guard.lock:
             if self._closing is None:
                 self._core.closed = True
-                self._fast = False
+                self._fast = self._now.fast = False
                 # promotions and the ticker stop now, not a loop turn later when the close runs
                 self._reads.cancel_tasks()
                 self._export.stop_ticker()
@@ -320,7 +321,7 @@ class TieringEngine:
                 with contextlib.suppress(TimeoutError):
                     await self._reads.wait(ks[:first_miss], timeout)
             with self._guard.lock:
-                ready = self._core.ready_prefix(ks)
+                ready = self._core.answers.ready_prefix(ks)
         outcome = "complete" if ready == len(keys) else "partial" if ready else "none"
         with self._guard.lock:
             self._stats.count("prefetches", outcome)

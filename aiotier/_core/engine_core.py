@@ -19,29 +19,26 @@ from typing import Final
 from .._types import (
     BlockEvent,
     LoadSpec,
-    LookupResult,
     PrepareStoreOutput,
     StoreSpec,
 )
 from ..errors import BlockNotReadyError
 from .admission import AdmissionPolicy
+from .answers import Answers
 from .arena import Arena
 from .coherence import Coherence, Hint
 from .demotion import Demotions
 from .inflight import InflightTable
 from .pins import PinLedger, PromotionShare
-from .promotion import PromotionBatch, Promotions
+from .promotion import Promotions
 from .requests import RequestBook, RequestState
 from .staging import StagingBuffers
 from .stats import CountKey, StepSnapshot, StepStats, TotalStats
-from .table import NO_EVICTIONS, PENDING, PROMOTING, READY, BlockTable, Evictions, SlotState
+from .table import PENDING, PROMOTING, READY, BlockTable, SlotState
 from .writeback import WriteQueues, remove
 
 __all__ = ["EngineCore"]
 
-_HIT: Final = LookupResult.HIT
-_MISS: Final = LookupResult.MISS
-_RETRY: Final = LookupResult.RETRY
 MAX_EVENTS: Final = 65_536
 
 
@@ -117,132 +114,65 @@ class EngineCore:
                 seen.setdefault(id(policy), policy)
         #: the policies to tell of every sighting (none by default: lookups then skip it)
         self.sightings = tuple(seen.values())
-        self.promotions = Promotions(self, max_inflight_promotions)
-        self.demotions = Demotions(self)
-        self.step = 0
-        #: set when the engine starts closing: lookups suspended in a tier start no promotion
-        self.closed = False
+        self.demotions = Demotions(
+            table,
+            arena,
+            self.coherence,
+            self.writes,
+            self.staging,
+            self.stats,
+            self.events,
+            primary_name=primary_name,
+            tiers=len(self.tier_names),
+            write_policy=write_policy,
+            immutable_keys=immutable_keys,
+        )
+        #: what each key answers, and what a caller that got RETRY is owed
+        self.answers = Answers(
+            table,
+            self.inflight,
+            self.coherence,
+            self.pins,
+            self.requests,
+            self.demotions,
+            self.stats,
+            clock,
+            promotion_timeout,
+        )
+        self.promotions = Promotions(
+            table,
+            arena,
+            self.pins,
+            self.inflight,
+            self.coherence,
+            self.answers,
+            self.demotions,
+            self.stats,
+            clock,
+            self.tier_names,
+            max_inflight_promotions,
+        )
         self._tier_evictions = [0] * len(self.tier_names)
 
-    # -- answers ---------------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """Set when the engine starts closing: lookups suspended in a tier start no promotion."""
+        return self.promotions.closed
 
-    def primary_answer(
-        self,
-        k: bytes,
-        rs: RequestState | None,
-        now: float,
-        protected: list[int],
-        *,
-        hold: bool = True,
-    ) -> LookupResult | None:
-        """The primary's answer for ``k``, or None when the tiers must be asked.
+    @closed.setter
+    def closed(self, value: bool) -> None:
+        self.promotions.closed = value
 
-        Bytes on their way down are put back into the primary (HIT) if there is room.
-        """
-        slot = self.table.index.get(k)
-        if slot is not None:
-            st = self.table.state[slot]
-            if st == READY:
-                return _HIT
-            if st == PROMOTING:
-                if hold:
-                    self.hold(rs, [k], [slot])
-                return _RETRY
-            # PENDING: a store in flight answers RETRY until its deadline
-            return _RETRY if now < self.inflight.store_deadline.get(slot, 0.0) else _MISS
-        data = self.coherence.demoting.get(k)
-        if data is not None:
-            return _HIT if self.demotions.readmit(k, data, protected) else _MISS
-        return None
-
-    def ready_prefix(self, ks: Iterable[bytes]) -> int:
-        """How many leading keys are loadable now."""
-        ready = self.table.ready_slot
-        n = 0
-        for k in ks:
-            if ready(k) is None:
-                break
-            n += 1
-        return n
-
-    def settled_answers(self, ks: Iterable[bytes]) -> list[LookupResult]:
-        index, state = self.table.index, self.table.state
-        return [
-            _HIT if (slot := index.get(k)) is not None and state[slot] == READY else _MISS
-            for k in ks
-        ]
-
-    def in_flight(self, k: bytes) -> tuple[int, float] | None:
-        """``(slot, seconds it may stay in flight)`` while ``k`` answers RETRY, else None.
-
-        A pending store whose RETRY window ran out settles here (it answers MISS now).
-        """
-        slot = self.table.index.get(k)
-        if slot is None:
-            return None
-        st = self.table.state[slot]
-        if st == PROMOTING:
-            return slot, self.promotion_timeout
-        if st == PENDING:
-            deadline = self.inflight.store_deadline.get(slot)
-            if deadline is not None:
-                left = deadline - self.clock()
-                if left > 0:
-                    return slot, left
-                del self.inflight.store_deadline[slot]
-                self.settle(k)
-        return None
+    @property
+    def step(self) -> int:
+        """Step boundaries passed so far."""
+        return self.pins.step
 
     def settle(self, k: bytes) -> None:
+        """``k`` is no longer in flight: its waiters wake, its deferrals count it."""
         self.inflight.settle(k, self.clock())
 
-    def hold(
-        self,
-        rs: RequestState | None,
-        keys: list[bytes],
-        slots: list[int],
-        batch: PromotionBatch | None = None,
-    ) -> None:
-        """Pin promoting blocks for the caller that got RETRY for them, until it loads them.
-
-        A request that starts ``batch`` is its holder; one that joins a promotion in flight is
-        a holder of each key it joined.
-        """
-        if rs is not None and not self.requests.is_live(rs):
-            return  # the request finished while its lookup awaited a tier: it holds nothing
-        if self.pins.hold_retry(rs, keys, slots, self.step):
-            assert rs is not None
-            if batch is not None:
-                batch.holders.append(rs)
-            else:
-                for k in keys:
-                    self.inflight.add_holder(k, rs)
-
-    def defer(
-        self,
-        rs: RequestState | None,
-        keys: Iterable[bytes],
-        batches: Sequence[PromotionBatch] = (),
-    ) -> None:
-        """Arm the async delay: per request at its first RETRY, per anonymous call until the
-        last of its keys in flight settles (every key of ``batches``, which it just started,
-        settles with its batch)."""
-        now = self.clock()
-        if rs is not None:
-            rs.defer(now)
-            return
-        keys = list(keys)
-        index, state = self.table.index, self.table.state
-        flying = [k for k in keys if (s := index.get(k)) is not None and state[s] == PROMOTING]
-        if len(flying) < len(keys):  # a pending store's window, or settled meanwhile: ask each
-            flying = [k for k in keys if self.in_flight(k) is not None]
-        self.inflight.defer(flying, now, batches)
-
-    def add_sync_delay(self, rs: RequestState | None, seconds: float) -> None:
-        if rs is not None:
-            rs.add_sync(seconds)
-        else:  # anonymous calls are observed at once, as their own requests
-            self.stats.observe("sync_delay", seconds)
+    # -- sightings ------------------------------------------------------------------------------
 
     def saw(self, keys: Sequence[bytes]) -> None:
         """One call named each of ``keys`` (for admission policies that count)."""
@@ -320,12 +250,11 @@ class EngineCore:
             self.saw(list(seen))
         if new:
             new = self._admit(new, protected)
-        got = self.table.allocate(new, PENDING, protected) if new else ([], NO_EVICTIONS)
+        got = self.demotions.allocate(new, PENDING, protected) if new else ([], ())
         if got is None:
             self.stats.counts[("allocation_failures", "store")] += 1
             return None
-        slots, evicted = got
-        evicted_keys = self.demotions.evicted(evicted)
+        slots, evicted_keys = got
         deadline = self.clock() + self.promotion_timeout
         store_deadline = self.inflight.store_deadline
         for k, slot in zip(new, slots, strict=True):
@@ -406,12 +335,12 @@ class EngineCore:
             table.touch(slot)
         else:
             self.stats.observe("allocation_size", 1)
-            got = table.allocate([k], READY) if slot is None else self._replace_slot(k, slot)
+            allocate = self.demotions.allocate  # the victims' bytes are copied out before reuse
+            got = allocate([k], READY) if slot is None else self._replace_slot(k, slot)
             if got is None:
                 self.stats.counts[("allocation_failures", "store")] += 1
                 return False
-            (slot,), evicted = got
-            self.demotions.evicted(evicted)  # the victims' bytes are copied out before reuse
+            (slot,), _ = got
             self.arena.write(slot, data)
         self.events.append(BlockEvent((k,), self.primary_name, False))
         self.demotions.replaced_everywhere(k, slot)
@@ -421,19 +350,17 @@ class EngineCore:
         """Store a value's ``pieces`` (keys never used before) and then ``head``, the block
         naming them, under ``k``: one allocation, so none of them evicts another, and all or
         nothing (False, changing nothing, when the primary cannot hold them all now)."""
-        table = self.table
-        old = table.index.get(k)
+        old = self.table.index.get(k)
         keys = [pk for pk, _ in pieces]
         keys.append(k)
         self.stats.observe("allocation_size", len(keys))
-        got = table.allocate(keys, READY, () if old is None else (old,))
+        got = self.demotions.allocate(keys, READY, () if old is None else (old,))
         if got is None:
             self.stats.counts[("allocation_failures", "store")] += 1
             return False
-        slots, evicted = got
+        slots, _ = got
         if old is not None:
             self.forget(k, old)
-        self.demotions.evicted(evicted)
         write, replaced = self.arena.write, self.demotions.replaced_everywhere
         for (pk, data), slot in zip(pieces, slots, strict=False):
             write(slot, data)
@@ -443,10 +370,10 @@ class EngineCore:
         self.events.append(BlockEvent(tuple(keys), self.primary_name, False))
         return True
 
-    def _replace_slot(self, k: bytes, old: int) -> tuple[list[int], Evictions] | None:
+    def _replace_slot(self, k: bytes, old: int) -> tuple[list[int], Sequence[bytes]] | None:
         """A fresh slot for ``k`` whose current slot is pinned, pending or promoting; the old
         one is forgotten only once the allocation succeeded, so a full arena changes nothing."""
-        got = self.table.allocate([k], READY, (old,))
+        got = self.demotions.allocate([k], READY, (old,))
         if got is not None:
             self.forget(k, old)
         return got
@@ -562,8 +489,7 @@ class EngineCore:
             observe("async_delay", v)
         for rs in delays.finished:
             self.release_request(rs)
-        self.step += 1
-        self.pins.expire(self.step)
+        self.pins.next_step()
         deadlines = self.inflight.store_deadline
         if deadlines:
             keys = self.table.keys
@@ -625,7 +551,7 @@ class EngineCore:
         for rs in self.requests.finish_all():
             self.release_request(rs)
         self.release_request(self.requests.anonymous)
-        self.pins.expire(self.step + self.pins.pin_steps + 1)
+        self.pins.release_all()
 
 
 _STATE_NAMES: Final = {

@@ -15,23 +15,14 @@ Every settle goes through :meth:`InflightTable.settle`, so nothing stays RETRY f
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
 
 from .requests import RequestState
 from .stats import StepStats
 
-__all__ = ["Deferral", "InflightTable", "Waiter"]
+__all__ = ["Deferral", "InflightTable", "PromotionBatch", "Waiter"]
 
 #: Called once when the key it waits for settles (the engine wraps a future in it).
 Waiter = Callable[[], None]
-
-
-class PromotionBatchLike(Protocol):
-    """What :meth:`InflightTable.defer` needs of a promotion batch (this module must not
-    import the promotion module, which builds on it)."""
-
-    keys: list[bytes]
-    deferrals: list[Deferral]
 
 
 class Deferral:
@@ -42,6 +33,28 @@ class Deferral:
     def __init__(self, start: float, remaining: int) -> None:
         self.start = start
         self.remaining = remaining
+
+
+class PromotionBatch:
+    """Keys read from one tier into their reserved slots by one task.
+
+    ``holders`` are the requests whose lookup started it and that hold RETRY pins on its
+    blocks (requests that join a promotion later are registered per key, in the in-flight
+    table). ``deferrals`` are the anonymous lookups that started it: each counts the keys of the
+    batch as settled when the batch is, but for the ``settled`` ones a put or delete superseded
+    earlier (keys they joined elsewhere count one by one).
+    """
+
+    __slots__ = ("deferrals", "holders", "keys", "settled", "slots", "started", "tier")
+
+    def __init__(self, tier: int, keys: list[bytes], slots: list[int], started: float) -> None:
+        self.tier = tier
+        self.keys = keys
+        self.slots = slots
+        self.started = started
+        self.holders: list[RequestState] = []
+        self.deferrals: list[Deferral] = []
+        self.settled = 0
 
 
 class InflightTable:
@@ -70,7 +83,7 @@ class InflightTable:
                 del self._waiters[k]
 
     def defer(
-        self, keys: Iterable[bytes], now: float, batches: Sequence[PromotionBatchLike] = ()
+        self, keys: Iterable[bytes], now: float, batches: Sequence[PromotionBatch] = ()
     ) -> None:
         """An anonymous call got RETRY for ``keys`` (all in flight) and for every key of
         ``batches`` (promotions it started, each settled as a whole: see

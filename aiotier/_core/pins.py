@@ -88,11 +88,13 @@ class PromotionShare:
 class PinLedger:
     """Pins taken on behalf of requests (and of anonymous calls), and their release."""
 
-    __slots__ = ("_anon_retry", "_expiry", "_table", "pin_steps", "share")
+    __slots__ = ("_anon_retry", "_expiry", "_table", "pin_steps", "share", "step")
 
     def __init__(self, table: BlockTable, pin_steps: int, share: PromotionShare) -> None:
         self._table = table
         self.pin_steps = pin_steps
+        #: step boundaries passed (:meth:`next_step`): RETRY pins last ``pin_steps`` of them
+        self.step = 0
         #: RETRY pins count against the promotion share while they hold a block
         self.share = share
         self._anon_retry: dict[bytes, int] = {}  # anonymous RETRY pins, dropped at end_step
@@ -102,7 +104,7 @@ class PinLedger:
     # -- RETRY pins ------------------------------------------------------------------------------
 
     def hold_retry(
-        self, rs: RequestState | None, keys: list[bytes], slots: list[int], step: int
+        self, rs: RequestState | None, keys: list[bytes], slots: list[int]
     ) -> bool:
         """Pin promoting blocks for the caller that got RETRY for them (once per caller and
         key). Returns True when a request (not an anonymous call) took a new pin: it is then
@@ -135,7 +137,7 @@ class PinLedger:
             held[k] = slot
             pins[slot] += 1
         self.share.take(slots)
-        self._expiry.append((step + self.pin_steps, rs, keys, slots))
+        self._expiry.append((self.step + self.pin_steps, rs, keys, slots))
         return True
 
     def drop_retry_pins(self, k: bytes, slot: int, holders: Iterable[RequestState]) -> None:
@@ -157,9 +159,16 @@ class PinLedger:
             self._table.unpin(slot)
             self.share.give_back((slot,))
 
-    def expire(self, step: int) -> None:
-        """At the boundary that makes ``step`` current: RETRY pins past their steps, and every
-        anonymous one, go."""
+    def next_step(self) -> None:
+        """A step boundary: RETRY pins past their steps, and every anonymous one, go."""
+        self.step += 1
+        self._expire(self.step)
+
+    def release_all(self) -> None:
+        """The engine is closing: every RETRY pin goes."""
+        self._expire(self.step + self.pin_steps + 1)
+
+    def _expire(self, step: int) -> None:
         expiry = self._expiry
         while expiry and expiry[0][0] <= step:
             _, rs, keys, slots = expiry.popleft()

@@ -16,18 +16,22 @@ another.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable, Sequence
+from typing import Final
 
 from .._types import LookupResult
-from .inflight import Deferral
+from .answers import Answers
+from .arena import Arena
+from .coherence import Coherence
+from .demotion import Demotions
+from .inflight import InflightTable, PromotionBatch
+from .pins import PinLedger
 from .requests import RequestState
-from .table import PROMOTING, READY
+from .scan import LookupScan
+from .stats import StepStats
+from .table import PROMOTING, READY, BlockTable
 
-if TYPE_CHECKING:
-    from .engine_core import EngineCore
-
-__all__ = ["LookupScan", "Outcome", "PromotionBatch", "Promotions"]
+__all__ = ["Outcome", "Promotions"]
 
 _HIT: Final = LookupResult.HIT
 _MISS: Final = LookupResult.MISS
@@ -43,89 +47,54 @@ class Outcome(enum.Enum):
     CANCELLED = "cancelled"
 
 
-class PromotionBatch:
-    """Keys read from one tier into their reserved slots by one task.
-
-    ``holders`` are the requests whose lookup started it and that hold RETRY pins on its
-    blocks (requests that join a promotion later are registered per key, in the in-flight
-    table). ``deferrals`` are the anonymous lookups that started it: each counts the keys of the
-    batch as settled when the batch is, but for the ``settled`` ones a put or delete superseded
-    earlier (keys they joined elsewhere count one by one).
-    """
-
-    __slots__ = ("deferrals", "holders", "keys", "settled", "slots", "started", "tier")
-
-    def __init__(self, tier: int, keys: list[bytes], slots: list[int], started: float) -> None:
-        self.tier = tier
-        self.keys = keys
-        self.slots = slots
-        self.started = started
-        self.holders: list[RequestState] = []
-        self.deferrals: list[Deferral] = []
-        self.settled = 0
-
-
-class LookupScan:
-    """One slow-path lookup of ``keys``: what is answered so far and what the tiers have.
-
-    ``hold`` pins each promoted block for the caller (``rs``, or until the next step for
-    anonymous calls); ``get`` passes False since it copies the bytes out at once.
-    """
+class Promotions:
+    """Plans and settles promotions; part of :class:`~aiotier._core.engine_core.EngineCore`."""
 
     __slots__ = (
-        "asked",
-        "asked_keys",
-        "consulted",
-        "exclude",
-        "found",
-        "hold",
-        "keys",
-        "need",
-        "open",
-        "prefix",
-        "protected",
-        "results",
-        "retry_keys",
-        "rs",
-        "unplaced",
+        "_answers",
+        "_arena",
+        "_clock",
+        "_coherence",
+        "_copies",
+        "_inflight",
+        "_pins",
+        "_stats",
+        "_table",
+        "_tier_names",
+        "closed",
+        "in_flight",
+        "max_in_flight",
     )
 
     def __init__(
         self,
-        keys: list[bytes],
-        rs: RequestState | None,
-        exclude: int,
-        *,
-        prefix: bool,
-        hold: bool,
+        table: BlockTable,
+        arena: Arena,
+        pins: PinLedger,
+        inflight: InflightTable,
+        coherence: Coherence,
+        answers: Answers,
+        copies: Demotions,
+        stats: StepStats,
+        clock: Callable[[], float],
+        tier_names: Sequence[str],
+        max_in_flight: int,
     ) -> None:
-        self.keys = keys
-        self.rs = rs
-        self.exclude = exclude
-        self.prefix = prefix  # keys after the first that no tier has cannot extend the prefix
-        self.hold = hold
-        self.results: list[LookupResult] = [_MISS] * len(keys)
-        self.need: list[int] = []  # positions the primary could not answer
-        self.open: list[int] = []  # positions no tier has answered yet
-        self.asked: list[int] = []  # positions the tier being asked was asked about
-        self.asked_keys: list[bytes] = []  # and their keys
-        self.protected: list[int] = []  # slots this lookup must not evict
-        self.retry_keys: list[bytes] = []
-        self.found: dict[int, list[int]] = {}  # tier -> positions it will promote
-        self.consulted = False  # whether a secondary tier was asked (it has a sync delay)
-        self.unplaced: list[tuple[int, int]] = []  # (position, tier) the primary had no room for
-
-
-class Promotions:
-    """Plans and settles promotions; part of :class:`~aiotier._core.engine_core.EngineCore`."""
-
-    __slots__ = ("_core", "in_flight", "max_in_flight")
-
-    def __init__(self, core: EngineCore, max_in_flight: int) -> None:
-        self._core = core
+        self._table = table
+        self._arena = arena
+        self._pins = pins
+        self._inflight = inflight
+        self._coherence = coherence
+        self._answers = answers
+        self._copies = copies
+        self._stats = stats
+        self._clock = clock
+        self._tier_names = tuple(tier_names)
         self.max_in_flight = max_in_flight
         #: batches whose read has not been settled yet
         self.in_flight: set[PromotionBatch] = set()
+        #: set when the engine starts closing: lookups suspended in a tier start no promotion
+        self.closed = False
 
     # -- the lookup ------------------------------------------------------------------------------
 
@@ -139,12 +108,11 @@ class Promotions:
         hold: bool = True,
     ) -> LookupScan:
         """Answer from the primary; the keys it cannot answer are left ``open`` for the tiers."""
-        core = self._core
-        stats = core.stats
+        stats = self._stats
         scan = LookupScan(keys, rs, exclude, prefix=prefix, hold=hold)
         results, protected, need = scan.results, scan.protected, scan.need
-        index, state = core.table.index, core.table.state
-        demoting = core.coherence.demoting
+        index, state = self._table.index, self._table.state
+        demoting = self._coherence.demoting
         if index.keys().isdisjoint(keys) and demoting.keys().isdisjoint(keys):
             scan.need = scan.open = list(range(len(keys)))  # none is here: ask the tiers
             stats.primary_miss += len(keys)
@@ -172,13 +140,13 @@ class Promotions:
             else:
                 others.append(i)
         if joined and hold:
-            core.hold(rs, joined, joined_slots)
+            self._answers.hold(rs, joined, joined_slots)
         scan.retry_keys = joined
         if others:
-            now = core.clock()
+            now = self._clock()
             for i in others:
                 k = keys[i]
-                answer = core.primary_answer(k, rs, now, protected, hold=hold)
+                answer = self._answers.primary_answer(k, rs, now, protected, hold=hold)
                 if answer is None:
                     need.append(i)
                     continue
@@ -206,7 +174,7 @@ class Promotions:
         """The keys to ask tier ``ti`` about (none: skip it)."""
         if not scan.open or ti == scan.exclude:
             return []
-        coherence = self._core.coherence
+        coherence = self._coherence
         keys = scan.keys
         if coherence.all_readable(ti):
             scan.asked = scan.open
@@ -220,15 +188,14 @@ class Promotions:
     def answered(self, scan: LookupScan, ti: int, answers: Sequence[LookupResult] | None) -> None:
         """Tier ``ti``'s answers for the keys :meth:`ask` named; None when the call failed
         (counted as a tier error; every key is a MISS there)."""
-        core = self._core
-        name = core.tier_names[ti]
+        name = self._tier_names[ti]
         asked = scan.asked
         if answers is None:
-            core.stats.count("tier_errors", name, "lookup")
+            self._stats.count("tier_errors", name, "lookup")
             answers = [_MISS] * len(asked)
         hits, retries = answers.count(_HIT), answers.count(_RETRY)
         misses = len(asked) - hits - retries
-        counts = core.stats.counts
+        counts = self._stats.counts
         for outcome, n in (("hit", hits), ("retry", retries), ("miss", misses)):
             if n:
                 counts[("lookups", name, outcome)] += n
@@ -254,19 +221,18 @@ class Promotions:
         answered before the tiers were awaited turn into MISS if a concurrent call evicted them
         meanwhile, and the caller's deferral is armed for its RETRY keys.
         """
-        core = self._core
         batches = self.place(scan)
         results, keys = scan.results, scan.keys
         if scan.need and _HIT in results:
-            ready = core.table.ready_slot
+            ready = self._table.ready_slot
             for i, r in enumerate(results):
                 if r is _HIT and ready(keys[i]) is None:
                     results[i] = _MISS
         if scan.consulted:  # only a lookup that asked a secondary tier has a sync delay
-            core.add_sync_delay(scan.rs, elapsed)
+            self._answers.add_sync_delay(scan.rs, elapsed)
         if scan.rs is not None:
             if _RETRY in results:
-                core.defer(scan.rs, ())
+                self._answers.defer(scan.rs, ())
         elif _RETRY in results:
             # keys of the batches just started count as settled with their batch; the others
             # (joined promotions, pending stores, a tier's own RETRY) one by one
@@ -277,14 +243,14 @@ class Promotions:
                 retry += [
                     k for i in scan.need if results[i] is _RETRY and (k := keys[i]) not in started
                 ]
-            core.defer(None, retry, batches)
+            self._answers.defer(None, retry, batches)
         return batches
 
     def place(self, scan: LookupScan) -> list[PromotionBatch]:
         """Reserve slots for what the tiers have; return the reads to start, one per tier."""
         batches: list[PromotionBatch] = []
         found = scan.found
-        if found and not self._core.closed:
+        if found and not self.closed:
             if scan.prefix and scan.open:
                 first_miss = scan.open[0]
                 found = {ti: [i for i in pos if i < first_miss] for ti, pos in found.items()}
@@ -297,32 +263,30 @@ class Promotions:
     def _start(self, scan: LookupScan, ti: int, positions: list[int]) -> PromotionBatch | None:
         """Reserve slots for keys found in tier ``ti``; positions that get none answer MISS
         (counted as allocation failures of the promotion phase)."""
-        core = self._core
-        table = core.table
+        table = self._table
         results, rs, protected = scan.results, scan.rs, scan.protected
         keys, where = self._claim(scan, ti, positions)
-        share = core.pins.share
-        room = min(max(self.max_in_flight - core.inflight.promoting, 0), share.room())
-        slots, evicted = table.allocate_prefix(keys[:room], PROMOTING, protected)
+        share = self._pins.share
+        room = min(max(self.max_in_flight - self._inflight.promoting, 0), share.room())
+        slots = self._copies.allocate_prefix(keys[:room], PROMOTING, protected)
         placed = len(slots)
         for i in where[placed:]:
             results[i] = _MISS
             scan.unplaced.append((i, ti))
         if len(where) > placed:
-            core.stats.count("allocation_failures", "promotion", n=len(where) - placed)
+            self._stats.count("allocation_failures", "promotion", n=len(where) - placed)
         if not placed:
             return None
         del keys[placed:]
-        core.demotions.evicted(evicted)
         table.pin_many(slots)  # each read's own pin: the slot stays reserved until it stops
         share.reserve(placed)
-        batch = PromotionBatch(ti, keys, slots, core.clock())
+        batch = PromotionBatch(ti, keys, slots, self._clock())
         if scan.hold:
-            core.hold(rs, keys, slots, batch)
+            self._answers.hold(rs, keys, slots, batch)
         for i in where[:placed]:
             results[i] = _RETRY
         protected.extend(slots)
-        core.inflight.promoting += placed
+        self._inflight.promoting += placed
         self.in_flight.add(batch)
         return batch
 
@@ -335,8 +299,7 @@ class Promotions:
         promotion, put or deleted a key (its answer is now the primary's), or queued a
         remove in tier ``ti`` (the tier's answer is stale: MISS). Duplicate keys count once.
         """
-        core = self._core
-        index, coherence = core.table.index, core.coherence
+        index, coherence = self._table.index, self._coherence
         demoting = coherence.demoting
         ks = scan.keys
         keys = scan.asked_keys if positions is scan.asked else [ks[i] for i in positions]
@@ -351,14 +314,16 @@ class Promotions:
         keys, where = [], []
         taken: set[bytes] = set()
         check = not coherence.all_readable(ti)
-        now = core.clock()
+        now = self._clock()
         for i in positions:
             k = ks[i]
             if check and not coherence.may_read(ti, k):
                 results[i] = _MISS
                 continue
             if k in index or k in taken or k in demoting:
-                answer = core.primary_answer(k, scan.rs, now, scan.protected, hold=scan.hold)
+                answer = self._answers.primary_answer(
+                    k, scan.rs, now, scan.protected, hold=scan.hold
+                )
                 results[i] = answer if answer is not None else _MISS
                 continue
             keys.append(k)
@@ -370,15 +335,14 @@ class Promotions:
         """A put, delete or clear replaced ``k`` while its read into ``slot`` is in flight: the
         key is settled now, so its holders' RETRY pins go and the deferrals of its batch count
         it (the read's end settles only the rest of the batch)."""
-        core = self._core
-        holders = list(core.inflight.holders(k))
+        holders = list(self._inflight.holders(k))
         batch = next((b for b in self.in_flight if slot in b.slots), None)
         if batch is not None:
             holders += batch.holders
             if batch.deferrals:
                 batch.settled += 1
-                core.inflight.settle_deferrals(batch.deferrals, 1, core.clock())
-        core.pins.drop_retry_pins(k, slot, holders)
+                self._inflight.settle_deferrals(batch.deferrals, 1, self._clock())
+        self._pins.drop_retry_pins(k, slot, holders)
 
     # -- the read's end --------------------------------------------------------------------------
 
@@ -401,10 +365,9 @@ class Promotions:
         live = [b for b in batches if b in self.in_flight]
         if not live:
             return []
-        core = self._core
-        now = core.clock()
-        name = core.tier_names[live[0].tier]
-        core.stats.observe("promotion_duration", now - min(b.started for b in live), name)
+        now = self._clock()
+        name = self._tier_names[live[0].tier]
+        self._stats.observe("promotion_duration", now - min(b.started for b in live), name)
         if outcome is Outcome.OK and len(lengths) != sum(len(b.keys) for b in batches):
             outcome = Outcome.ERROR
         held: list[int] = []
@@ -417,7 +380,7 @@ class Promotions:
                 self.in_flight.discard(batch)
                 held += self._settle(batch, outcome, part, now)
                 if batch.deferrals:
-                    core.inflight.settle_deferrals(batch.deferrals, n - batch.settled, now)
+                    self._inflight.settle_deferrals(batch.deferrals, n - batch.settled, now)
         if read_stopped:
             self.release_read_pins(held)
             return []
@@ -431,11 +394,10 @@ class Promotions:
         now: float,
     ) -> list[int]:
         """Settle one batch; return the slots of its failed keys (still pinned by the read)."""
-        core = self._core
-        table = core.table
-        stats = core.stats
-        name = core.tier_names[batch.tier]
-        block_size = core.arena.block_size
+        table = self._table
+        stats = self._stats
+        name = self._tier_names[batch.tier]
+        block_size = self._arena.block_size
         index = table.index
         keys, slots = batch.keys, batch.slots
         ok = outcome is Outcome.OK
@@ -472,7 +434,7 @@ class Promotions:
             self._failed(batch, k, slot, now)
         if ok_slots:
             self._landed(batch, ok_keys, ok_slots, ok_lengths, now)
-        core.inflight.promoting -= len(keys) - len(ok_slots)
+        self._inflight.promoting -= len(keys) - len(ok_slots)
         return failed
 
     def _landed(
@@ -484,32 +446,30 @@ class Promotions:
         now: float,
     ) -> None:
         """These blocks of ``batch`` are in their slots: loadable, counted, settled."""
-        core = self._core
-        name = core.tier_names[batch.tier]
-        core.arena.set_lengths(slots, lengths)
-        core.table.promoted(slots, clean=batch.tier == 0)
-        core.pins.share.read_stopped(slots)  # RETRY pins may still hold them
-        core.inflight.settle_many(keys, now)
-        core.inflight.promoting -= len(slots)
-        counts = core.stats.counts
+        name = self._tier_names[batch.tier]
+        self._arena.set_lengths(slots, lengths)
+        self._table.promoted(slots, clean=batch.tier == 0)
+        self._pins.share.read_stopped(slots)  # RETRY pins may still hold them
+        self._inflight.settle_many(keys, now)
+        self._inflight.promoting -= len(slots)
+        counts = self._stats.counts
         counts[("promotions", name, "ok")] += len(slots)
         counts[("read_bytes", name)] += sum(lengths)
 
     def release_read_pins(self, slots: Sequence[int]) -> None:
         """The reads into ``slots`` stopped: their slots may be reused."""
-        unpin = self._core.table.unpin
+        unpin = self._table.unpin
         for slot in slots:
             unpin(slot)
-        self._core.pins.share.read_stopped(slots)
+        self._pins.share.read_stopped(slots)
 
     def _failed(self, batch: PromotionBatch, k: bytes, slot: int, now: float) -> None:
         """Turn the key into a MISS now, and back off from reading it from that tier."""
-        core = self._core
-        holders = [*batch.holders, *core.inflight.holders(k)]
-        core.pins.drop_retry_pins(k, slot, holders)
-        core.table.detach(slot)  # an orphan until the read's own pin goes
-        core.coherence.back_off(batch.tier, k)
-        core.inflight.settle(k, now)
+        holders = [*batch.holders, *self._inflight.holders(k)]
+        self._pins.drop_retry_pins(k, slot, holders)
+        self._table.detach(slot)  # an orphan until the read's own pin goes
+        self._coherence.back_off(batch.tier, k)
+        self._inflight.settle(k, now)
 
     def cancel_all(self) -> None:
         """The engine closed: every batch not settled yet was cancelled (its read stopped)."""

@@ -64,7 +64,7 @@ class CacheCalls:
         try:
             for _attempt in range(2):  # a second look if the block moved down while promoting
                 with lock:
-                    got = core.in_flight(k)
+                    got = core.answers.in_flight(k)
                     if got is None:
                         stats.primary_miss += 1
                         scan = core.promotions.begin_below(k)
@@ -81,7 +81,7 @@ class CacheCalls:
                     if scan.unplaced:
                         return await self._read_around(k, scan.unplaced[0][1])
                     with lock:
-                        got = core.in_flight(k)
+                        got = core.answers.in_flight(k)
                         if got is None:  # nothing in flight: a concurrent call may have landed it
                             return core.copy_ready(k) or core.coherence.down_copy(k)
                 if deferred is None:

@@ -13,8 +13,10 @@ from collections.abc import Sequence
 from functools import partial
 
 from .._core.engine_core import EngineCore
-from .._core.promotion import LookupScan, Outcome, PromotionBatch
+from .._core.inflight import PromotionBatch
+from .._core.promotion import Outcome
 from .._core.requests import RequestState
+from .._core.scan import LookupScan
 from .._core.table import READY
 from .._types import LookupResult
 from ..errors import TieringError
@@ -215,7 +217,7 @@ class TierReads:
                     if table.all_ready(ks):
                         return [LookupResult.HIT] * len(ks)  # the others landed meanwhile too
         with lock:
-            return core.settled_answers(ks)
+            return core.answers.settled(ks)
 
     async def _wait_one(self, k: bytes, deadline: float | None, timeout: float | None) -> bool:
         """Await until ``k`` is not in flight; whether that took any waiting."""
@@ -226,7 +228,7 @@ class TierReads:
             fut: asyncio.Future[None] = loop.create_future()
             waiter = partial(self._guard.call, _wake, fut)  # may be settled from another thread
             with lock:  # asked and registered at once: a settle in between would wake no one
-                got = core.in_flight(k)
+                got = core.answers.in_flight(k)
                 if got is not None:
                     core.inflight.add_waiter(k, waiter)
             if got is None:

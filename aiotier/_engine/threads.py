@@ -13,14 +13,12 @@ import asyncio
 import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .._core.table import READY
+from .._core.stats import StepStats
+from .._core.table import READY, BlockTable
 from .._types import RequestContext, normalize_key, normalize_keys
 from ..errors import TieringError
-
-if TYPE_CHECKING:
-    from ..engine import TieringEngine
 
 __all__ = ["NO_LOCK", "CallerThreadAnswers", "Guard"]
 
@@ -87,51 +85,61 @@ class CallerThreadAnswers:
     loop: a primary hit of ``lookup``, ``lookup_prefix`` and ``get``. Anything else (a miss, a
     bad argument) is answered by the loop, which also names the bad argument."""
 
-    __slots__ = ("_engine",)
+    __slots__ = ("_all_ready", "_cached", "_guard", "_index", "_state", "_stats", "fast")
 
-    def __init__(self, engine: TieringEngine) -> None:
-        self._engine = engine
+    def __init__(
+        self,
+        table: BlockTable,
+        guard: Guard,
+        stats: StepStats,
+        cached: Callable[[bytes], bytes | None],
+    ) -> None:
+        # the table never replaces these: read directly
+        self._index, self._state, self._all_ready = table.index, table.state, table.all_ready
+        self._guard = guard
+        self._stats = stats
+        self._cached = cached
+        #: the engine is open, not closing, and no admission policy counts sightings: the only
+        #: state a primary hit depends on (the engine sets it)
+        self.fast = False
 
     def hit(self, key: bytes | str, req: RequestContext | None) -> bool:
         """``lookup``'s primary hit, from any thread; False sends the call to the loop (which
         also names any bad argument)."""
-        e = self._engine
         if key.__class__ is not bytes:
             key = _valid_key(key, req)  # type: ignore[assignment]
             if key is None:
                 return False
         elif req is not None and req.__class__ is not RequestContext:
             return False
-        with e._guard.lock:
-            slot = e._index.get(key)  # type: ignore[arg-type]
-            if slot is None or e._state[slot] != READY or not e._fast:
+        with self._guard.lock:
+            slot = self._index.get(key)  # type: ignore[arg-type]
+            if slot is None or self._state[slot] != READY or not self.fast:
                 return False
-            e._stats.primary_hit += 1
+            self._stats.primary_hit += 1
             return True
 
     def prefix_hits(
         self, keys: Sequence[bytes | str], req: RequestContext | None
     ) -> int | None:
         """``lookup_prefix`` when every key is a hit, from any thread; else None."""
-        e = self._engine
         try:
             ks = normalize_keys(keys)
         except (TypeError, ValueError):
             return None
         if _valid_key(b"", req) is None:
             return None
-        with e._guard.lock:
-            if not (e._fast and e._all_ready(ks)):
+        with self._guard.lock:
+            if not (self.fast and self._all_ready(ks)):
                 return None
-            e._stats.primary_hit += len(ks)
+            self._stats.primary_hit += len(ks)
             return len(ks)
 
     def cached(self, key: bytes | str, req: RequestContext | None) -> bytes | None:
         """``get``'s hit, from any thread; None sends the call to the loop."""
-        e = self._engine
         k = _valid_key(key, req)
-        with e._guard.lock:
-            return e._core.cached(k) if k is not None and e._fast else None
+        with self._guard.lock:
+            return self._cached(k) if k is not None and self.fast else None
 
 
 def _valid_key(key: object, req: object) -> bytes | None:

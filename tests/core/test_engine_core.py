@@ -9,8 +9,9 @@ import pytest
 
 from aiotier import LookupResult, PrimaryTier
 from aiotier._core.engine_core import EngineCore
+from aiotier._core.inflight import PromotionBatch
 from aiotier._core.metrics import METRICS
-from aiotier._core.promotion import Outcome, PromotionBatch
+from aiotier._core.promotion import Outcome
 from aiotier._core.writeback import OpKind
 
 HIT, MISS, RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY
@@ -73,12 +74,12 @@ def test_a_promotion_reserves_its_slot_at_once_and_lands_as_a_hit() -> None:
     h = Harness()
     results, (batch,) = h.lookup([b"k"], [HIT])
     assert results == [RETRY]
-    assert h.core.in_flight(b"k") is not None
+    assert h.core.answers.in_flight(b"k") is not None
     again, more = h.lookup([b"k"], [HIT])  # a second lookup sees it in flight
     assert again == [RETRY] and more == []
     h.core.arena.slot_views(batch.slots)[0][:3] = b"abc"
     assert h.core.promotions.completed([batch], Outcome.OK, [3]) == []
-    assert h.core.settled_answers([b"k"]) == [HIT]
+    assert h.core.answers.settled([b"k"]) == [HIT]
     assert h.core.copy_ready(b"k") == b"abc"
     assert h.count("promotions", "memory", "ok") == 1
     assert h.count("read_bytes", "memory") == 3
@@ -89,7 +90,7 @@ def test_a_failed_promotion_becomes_a_miss_and_frees_its_slot() -> None:
     _, (batch,) = h.lookup([b"k"], [HIT])
     assert h.core.table.pinned() == 1  # the read's pin (and the anonymous RETRY pin)
     h.core.promotions.completed([batch], Outcome.ERROR)
-    assert h.core.settled_answers([b"k"]) == [MISS]
+    assert h.core.answers.settled([b"k"]) == [MISS]
     assert b"k" not in h.core.table.index
     assert h.core.table.pinned() == 0 and len(h.core.table.free) == 4
     assert h.count("promotions", "memory", "error") == 1
@@ -106,7 +107,7 @@ def test_a_timed_out_read_keeps_its_slot_until_it_stops() -> None:
     _, (batch,) = h.lookup([b"k"], [HIT])
     held = h.core.promotions.completed([batch], Outcome.TIMEOUT, read_stopped=False)
     assert held == batch.slots
-    assert h.core.settled_answers([b"k"]) == [MISS]
+    assert h.core.answers.settled([b"k"]) == [MISS]
     assert not h.core.put(b"x", b"x")  # the only slot is still the read's
     h.core.promotions.release_read_pins(held)
     assert h.core.put(b"x", b"x")
@@ -160,11 +161,11 @@ def test_a_pending_store_answers_retry_until_its_deadline_then_miss() -> None:
     woken: list[str] = []
     h.core.inflight.add_waiter(b"s", lambda: woken.append("s"))
     h.clock.t += 5.0
-    assert h.core.in_flight(b"s") is None  # the RETRY window ran out: settled now
+    assert h.core.answers.in_flight(b"s") is None  # the RETRY window ran out: settled now
     assert woken == ["s"]
     assert h.lookup([b"s"], [])[0] == [MISS]
     h.core.complete_store([b"s"], "r1")  # completing late still makes it loadable
-    assert h.core.settled_answers([b"s"]) == [HIT]
+    assert h.core.answers.settled([b"s"]) == [HIT]
 
 
 def test_a_finished_request_releases_every_pin_it_held() -> None:
@@ -296,7 +297,7 @@ def test_a_store_pending_at_a_clear_is_not_made_visible() -> None:
     assert out is not None
     core.clear()
     core.complete_store([b"k"], "r1", success=True, sizes=[1])
-    assert core.settled_answers([b"k"]) == [MISS]
+    assert core.answers.settled([b"k"]) == [MISS]
     assert core.table.pinned() == 0 and len(core.table.free) == 4
 
 
