@@ -254,8 +254,9 @@ class TieringEngine:
         exclude_tier: SecondaryTier | str | None = None,
     ) -> LookupResult:
         """HIT, MISS or RETRY for one key (see the scheduler protocol)."""
-        # only a bytes key takes the fast path: a memoryview hashes and compares equal to the
-        # bytes it views, and must get the error every other path gives it
+        # BlockTable.ready_slot, inlined: the call costs ~7% of a primary hit (callgrind). Only a
+        # bytes key takes the fast path: a memoryview hashes and compares equal to the bytes it
+        # views, and must get the error every other path gives it
         slot = self._index.get(key) if key.__class__ is bytes else None
         if (
             slot is not None
@@ -277,9 +278,9 @@ class TieringEngine:
                 self._stats.primary_hit += 1
                 return _HIT
         self._guard.check_loop()
-        results = await self._reads.scan([k], rs, exclude, prefix=False)
+        scan = await self._reads.scan([k], rs, exclude, prefix=False)
         self._export.flush_if_full()
-        return results[0]
+        return scan.results[0]
 
     async def lookup_prefix(
         self, keys: Sequence[bytes | str], req: RequestContext | None = None
@@ -336,7 +337,7 @@ class TieringEngine:
             self._check_open()
             rs = self._request(req)
         self._guard.check_loop()
-        results = await self._reads.scan(ks, rs, -1, prefix=True)
+        results = (await self._reads.scan(ks, rs, -1, prefix=True)).results
         self._export.flush_if_full()
         if self._core.sightings:
             first_miss = results.index(_MISS) if _MISS in results else len(results)

@@ -19,7 +19,7 @@ from .inflight import InflightTable, PromotionBatch
 from .pins import PinLedger
 from .requests import RequestBook, RequestState
 from .stats import StepStats
-from .table import PENDING, PROMOTING, READY, BlockTable
+from .table import PROMOTING, READY, BlockTable
 
 __all__ = ["Answers"]
 
@@ -114,11 +114,8 @@ class Answers:
 
     def settled(self, ks: Iterable[bytes]) -> list[LookupResult]:
         """HIT for each key loadable now, MISS for the others (keys no longer in flight)."""
-        index, state = self._table.index, self._table.state
-        return [
-            _HIT if (slot := index.get(k)) is not None and state[slot] == READY else _MISS
-            for k in ks
-        ]
+        ready = self._table.ready_slot
+        return [_MISS if ready(k) is None else _HIT for k in ks]
 
     def in_flight(self, k: bytes) -> tuple[int, float] | None:
         """``(slot, seconds it may stay in flight)`` while ``k`` answers RETRY, else None.
@@ -128,17 +125,13 @@ class Answers:
         slot = self._table.index.get(k)
         if slot is None:
             return None
-        st = self._table.state[slot]
-        if st == PROMOTING:
-            return slot, self.promotion_timeout
-        if st == PENDING:
-            deadline = self._inflight.store_deadline.get(slot)
-            if deadline is not None:
-                now = self._clock()
-                if now < deadline:
-                    return slot, deadline - now
-                del self._inflight.store_deadline[slot]
-                self._inflight.settle(k, now)
+        now = self._clock()
+        promoting = self._table.state[slot] == PROMOTING
+        if self.of_slot(slot, now) is _RETRY:
+            window = self._inflight.store_deadline.get(slot, now) - now
+            return slot, self.promotion_timeout if promoting else window
+        if self._inflight.store_deadline.pop(slot, None) is not None:  # its window ran out
+            self._inflight.settle(k, now)
         return None
 
     # -- what a caller that got RETRY is owed ---------------------------------------------------

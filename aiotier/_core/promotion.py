@@ -16,7 +16,7 @@ another.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Final
 
 from .._types import LookupResult
@@ -32,6 +32,9 @@ from .stats import StepStats
 from .table import PROMOTING, READY, BlockTable
 
 __all__ = ["Outcome", "Promotions"]
+
+#: :meth:`Promotions.asks`: yields (tier, keys to ask it), is sent its answers.
+TierAsks = Generator[tuple[int, list[bytes]], Sequence[LookupResult] | None, None]
 
 _HIT: Final = LookupResult.HIT
 _MISS: Final = LookupResult.MISS
@@ -117,44 +120,45 @@ class Promotions:
             scan.need = scan.open = list(range(len(keys)))  # none is here: ask the tiers
             stats.primary_miss += len(keys)
             return scan
-        joined: list[bytes] = []  # keys whose promotion is in flight: RETRY, and held
-        joined_slots: list[int] = []
-        others: list[int] = []  # pending stores and bytes on their way down
+        others: list[int] = []  # keys the primary holds but cannot load, or has on their way down
         for i, k in enumerate(keys):
             slot = index.get(k)
-            if slot is None:
-                if k in demoting:
-                    others.append(i)
-                else:
-                    need.append(i)  # the primary has nothing to say: the tiers are asked
-                continue
-            st = state[slot]
-            if st == READY:
+            if slot is not None and state[slot] == READY:  # loadable (the fast paths' test)
                 results[i] = _HIT
                 protected.append(slot)
-            elif st == PROMOTING:
-                results[i] = _RETRY
-                protected.append(slot)
-                joined.append(k)
-                joined_slots.append(slot)
-            else:
+            elif slot is not None or k in demoting:
                 others.append(i)
-        if joined and hold:
-            self._answers.hold(rs, joined, joined_slots)
-        scan.retry_keys = joined
+            else:
+                need.append(i)  # the primary has nothing to say: the tiers are asked
         if others:
-            now = self._clock()
+            answers, now = self._answers, self._clock()
+            joined: list[bytes] = []  # keys whose promotion is in flight: RETRY, and held
+            joined_slots: list[int] = []
+            retry_keys = scan.retry_keys
             for i in others:
                 k = keys[i]
-                answer = self._answers.primary_answer(k, rs, now, protected, hold=hold)
-                if answer is None:
-                    need.append(i)
-                    continue
+                slot = index.get(k)
+                if slot is None:  # on its way down: back into the primary if there is room
+                    answer = answers.primary_answer(k, rs, now, protected, hold=hold)
+                    if answer is None:
+                        need.append(i)
+                        continue
+                    if answer is _HIT:  # not to be evicted again by this lookup
+                        protected.append(index[k])
+                else:
+                    answer = answers.of_slot(slot, now)
+                    if answer is _RETRY:
+                        if state[slot] == PROMOTING:
+                            protected.append(slot)
+                            joined.append(k)
+                            joined_slots.append(slot)
+                        else:
+                            retry_keys.append(k)
                 results[i] = answer
-                if answer is _HIT:  # re-admitted from its way down: not to be evicted again
-                    protected.append(index[k])
-                elif answer is _RETRY:
-                    scan.retry_keys.append(k)
+            if joined:
+                if hold:
+                    answers.hold(rs, joined, joined_slots)
+                retry_keys += joined
             need.sort()
         hits = results.count(_HIT)
         retries = results.count(_RETRY)
@@ -164,11 +168,14 @@ class Promotions:
         scan.open = need
         return scan
 
-    def begin_below(self, key: bytes) -> LookupScan:
-        """A lookup of one key the primary does not have, for ``get`` (which pins nothing)."""
-        scan = LookupScan([key], None, -1, prefix=False, hold=False)
-        scan.need = scan.open = [0]
-        return scan
+    def asks(self, scan: LookupScan, tiers: int) -> TierAsks:
+        """The tiers asked in order, as the engine asks them: yields ``(tier, keys)`` for each
+        tier with keys to ask about, and is sent that tier's answers (None: the call failed).
+        Each resumption is one transition (the engine takes its lock around it)."""
+        for ti in range(tiers):
+            keys = self.ask(scan, ti)
+            if keys:
+                self.answered(scan, ti, (yield ti, keys))
 
     def ask(self, scan: LookupScan, ti: int) -> list[bytes]:
         """The keys to ask tier ``ti`` about (none: skip it)."""

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 
 from .._core.engine_core import EngineCore
+from .._core.requests import RequestState
 from .._types import LookupResult
 from ..tiers.base import SecondaryTier
 from .breakers import Breakers, answered
@@ -50,40 +51,26 @@ class CacheCalls:
     async def get(self, k: bytes) -> bytes | None:
         """The block's bytes: from the primary, or promoted from a tier and awaited; else None.
 
-        Observed as one anonymous request: one sync and one async delay at most, however many
-        looks it took.
+        It is the lookup flow (``TierReads.scan``, holding no pin), then the block awaited in
+        flight, or read around the primary when it has no room. Observed as one anonymous
+        request: one sync and one async delay at most, however many looks it took.
         """
         core, lock = self._core, self._guard.lock
-        stats = core.stats
         with lock:
             data = core.cached(k)
         if data is not None:
             return data
+        call = RequestState("get")  # this call's own delays, observed when it ends
         deferred: float | None = None
-        sync: float | None = None
         try:
             for _attempt in range(2):  # a second look if the block moved down while promoting
+                scan = await self._reads.scan([k], call, -1, prefix=False, hold=False)
+                if scan.unplaced:
+                    return await self._read_around(k, scan.unplaced[0][1])
                 with lock:
                     got = core.answers.in_flight(k)
-                    if got is None:
-                        stats.primary_miss += 1
-                        scan = core.promotions.begin_below(k)
-                    else:
-                        stats.primary_retry += 1
-                if got is None:
-                    started = _now()
-                    await self._reads.consult(scan)
-                    if scan.consulted:
-                        sync = (sync or 0.0) + _now() - started
-                    with lock:
-                        batches = core.promotions.place(scan)
-                    self._reads.start(batches)
-                    if scan.unplaced:
-                        return await self._read_around(k, scan.unplaced[0][1])
-                    with lock:
-                        got = core.answers.in_flight(k)
-                        if got is None:  # nothing in flight: a concurrent call may have landed it
-                            return core.copy_ready(k) or core.coherence.down_copy(k)
+                    if got is None:  # nothing in flight: a concurrent call may have landed it
+                        return core.copy_ready(k) or core.coherence.down_copy(k)
                 if deferred is None:
                     deferred = _now()
                 data = await self._await_block(k, got[0])
@@ -92,10 +79,10 @@ class CacheCalls:
             return None
         finally:
             with lock:
-                if sync is not None:
-                    stats.observe("sync_delay", sync)
+                if call.has_sync:
+                    core.stats.observe("sync_delay", call.sync_delay)
                 if deferred is not None:
-                    stats.observe("async_delay", _now() - deferred)
+                    core.stats.observe("async_delay", _now() - deferred)
 
     async def _await_block(self, k: bytes, slot: int) -> bytes | None:
         """Wait for the block in flight in ``slot`` and copy it out (pinned meanwhile)."""

@@ -17,7 +17,6 @@ from .._core.inflight import PromotionBatch
 from .._core.promotion import Outcome
 from .._core.requests import RequestState
 from .._core.scan import LookupScan
-from .._core.table import READY
 from .._types import LookupResult
 from ..errors import TieringError
 from ..tiers.base import SecondaryTier
@@ -51,12 +50,20 @@ class TierReads:
         self._queued: dict[int, list[PromotionBatch]] = {}
 
     async def scan(
-        self, ks: list[bytes], rs: RequestState | None, exclude: int, *, prefix: bool
-    ) -> list[LookupResult]:
-        """The slow path of both lookups: primary states, then the tiers, then promotions."""
+        self,
+        ks: list[bytes],
+        rs: RequestState | None,
+        exclude: int,
+        *,
+        prefix: bool,
+        hold: bool = True,
+    ) -> LookupScan:
+        """The lookup flow past the primary-hit fast paths (``lookup``, ``lookup_prefix``,
+        ``prefetch`` and ``get``): primary states, then the tiers, then promotions started.
+        ``hold=False`` pins nothing for the caller (``get`` copies the bytes out at once)."""
         promotions, lock = self._core.promotions, self._guard.lock
         with lock:
-            scan = promotions.begin(ks, rs, exclude, prefix=prefix)
+            scan = promotions.begin(ks, rs, exclude, prefix=prefix, hold=hold)
             if scan.need and rs is not None:
                 rs.busy += 1  # end_step must not forget a request whose lookup is suspended
         elapsed = 0.0
@@ -72,7 +79,7 @@ class TierReads:
         with lock:
             batches = promotions.finish(scan, elapsed)
         self.start(batches)
-        return scan.results
+        return scan
 
     def cancel_tasks(self) -> None:
         """Cancel every promotion task (each settles its batches as it ends), once: a second
@@ -92,30 +99,37 @@ class TierReads:
     async def consult(self, scan: LookupScan) -> None:
         """Ask each tier, in order, about the keys nobody above it had (a tier whose circuit
         is open is not asked: its answer is a fault, as if it had failed)."""
-        promotions, lock = self._core.promotions, self._guard.lock
-        for ti, tier in enumerate(self._tiers):
+        asks, lock = self._core.promotions.asks(scan, len(self._tiers)), self._guard.lock
+        try:
             with lock:
-                keys = promotions.ask(scan, ti)
-            if not keys:
-                continue
-            answers: list[LookupResult] | None = None
-            if self._breakers.allow(ti):
-                ok: bool | None = None
-                try:
-                    async with asyncio.timeout(self._timeout):
-                        answers = await tier.lookup_many(keys)
-                    if len(answers) != len(keys):
-                        raise TieringError(
-                            f"tier {tier.name!r} answered {len(answers)} lookups for "
-                            f"{len(keys)} keys"
-                        )
-                    ok = True
-                except Exception:
-                    answers, ok = None, False
-                finally:
-                    self._breakers.record(ti, ok)
-            with lock:
-                promotions.answered(scan, ti, answers)
+                ti, keys = next(asks)
+            while True:
+                answers = await self._lookup(ti, keys)
+                with lock:
+                    ti, keys = asks.send(answers)
+        except StopIteration:
+            pass
+
+    async def _lookup(self, ti: int, keys: list[bytes]) -> list[LookupResult] | None:
+        """Tier ``ti``'s answers for ``keys`` through its breaker; None on a fault."""
+        if not self._breakers.allow(ti):
+            return None
+        tier = self._tiers[ti]
+        ok: bool | None = None
+        try:
+            async with asyncio.timeout(self._timeout):
+                answers = await tier.lookup_many(keys)
+            if len(answers) != len(keys):
+                raise TieringError(
+                    f"tier {tier.name!r} answered {len(answers)} lookups for {len(keys)} keys"
+                )
+            ok = True
+            return answers
+        except Exception:
+            ok = False
+            return None
+        finally:
+            self._breakers.record(ti, ok)
 
     def start(self, batches: list[PromotionBatch]) -> None:
         """Read ``batches``: each joins the read of its tier that has not started yet, if any
@@ -202,15 +216,13 @@ class TierReads:
         core, lock = self._core, self._guard.lock
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        table = core.table
+        table, in_flight = core.table, core.answers.in_flight
         with lock:
             if table.all_ready(ks):
                 return [LookupResult.HIT] * len(ks)
-        index, state = table.index, table.state
         for k in ks:
             with lock:
-                slot = index.get(k)
-                if slot is None or state[slot] == READY:
+                if in_flight(k) is None:
                     continue  # settled: no need to ask further
             if await self._wait_one(k, deadline, timeout):
                 with lock:

@@ -113,6 +113,7 @@ class CallerThreadAnswers:
         elif req is not None and req.__class__ is not RequestContext:
             return False
         with self._guard.lock:
+            # BlockTable.ready_slot, inlined (as in TieringEngine.lookup)
             slot = self._index.get(key)  # type: ignore[arg-type]
             if slot is None or self._state[slot] != READY or not self.fast:
                 return False

@@ -1,8 +1,9 @@
 """Where a promotion batch's time goes in the engine's core: ``memory_promote``'s breakdown.
 
 The engine's calls into its synchronous core for one ``lookup_prefix`` + ``wait`` +
-``end_step`` of 64 keys promoted from a ``MemoryTier`` are replayed here in the order
-``aiotier/_engine/reads.py`` makes them, with no await between them, so each phase is timed
+``end_step`` of 64 keys promoted from a ``MemoryTier`` are made here in the engine's order
+(``Promotions.begin``, the tiers asked through ``Promotions.asks`` as ``TierReads.consult``
+asks them, ``finish``, the read, ``completed``), with no await between them, so each phase is timed
 alone and without the loop's noise (the minimum over rounds). The await side (tasks, timers,
 loop turns) is what ``memory_promote`` measures beyond their sum. This reaches into
 ``engine.core`` and a tier's own copy (``MemoryTier._copy_into``): a tool for whoever changes
@@ -11,6 +12,7 @@ the core, not an API.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 
@@ -49,8 +51,11 @@ async def promotion_phases(
             t0 = now()
             scan = promotions.begin(b, None, -1, prefix=True)
             t1 = now()
-            asked = promotions.ask(scan, 0)
-            promotions.answered(scan, 0, [hit if tier.contains_hint(k) else miss for k in asked])
+            asks = promotions.asks(scan, 1)  # the tiers asked as the engine asks them
+            with contextlib.suppress(StopIteration):
+                _, asked = next(asks)
+                while True:
+                    _, asked = asks.send([hit if tier.contains_hint(k) else miss for k in asked])
             t2 = now()
             started = promotions.finish(scan, 0.0)
             t3 = now()
