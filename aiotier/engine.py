@@ -32,7 +32,7 @@ from ._engine.options import EngineArgs, EngineOptions, WritePolicy, build_core,
 from ._engine.reads import TierReads
 from ._engine.status import EngineStats, EngineStatus, TierHealth
 from ._engine.stepping import StepExport
-from ._engine.threads import CallerThreadAnswers, Guard
+from ._engine.threads import CallerThreadAnswers, EngineLock
 from ._engine.values import Values, looks_like_manifest
 from ._engine.writers import Writers
 from ._types import (
@@ -93,7 +93,7 @@ class TieringEngine:
             for i, t in enumerate(tiers)
         ]
         self._writers: Writers | None = None
-        self._guard = guard = Guard()
+        self._guard = guard = EngineLock()
         self._core = core = build_core(primary, tiers, o, self._notify_writer)
         breakers = Breakers(tiers, o.breaker, guard)
         self._writers = Writers(core, tiers, o.tier_timeout, guard, breakers)

@@ -14,7 +14,7 @@ from typing import Final
 
 from .._types import LookupResult
 from .coherence import Coherence
-from .demotion import Demotions
+from .copy_policy import CopyPolicy
 from .inflight import InflightTable, PromotionBatch
 from .pins import PinLedger
 from .requests import RequestBook, RequestState
@@ -50,7 +50,7 @@ class Answers:
         coherence: Coherence,
         pins: PinLedger,
         requests: RequestBook,
-        copies: Demotions,
+        copies: CopyPolicy,
         stats: StepStats,
         clock: Callable[[], float],
         promotion_timeout: float,
@@ -97,7 +97,7 @@ class Answers:
             if hold and answer is _RETRY and self._table.state[slot] == PROMOTING:
                 self.hold(rs, [k], [slot])
             return answer
-        data = self._coherence.demoting.get(k)
+        data = self._coherence.in_transit.get(k)
         if data is not None:
             return _HIT if self._copies.readmit(k, data, protected) else _MISS
         return None

@@ -10,7 +10,7 @@ read path asks; a tier is not read for a key while:
 - a promotion of the key from it failed moments ago (back-off, cleared by a put or delete);
 - the whole tier is being cleared, or its last clear failed (``unread``: any key).
 
-Bytes on their way down (``demoting``: copied out of the primary, write not finished) are the
+Bytes on their way down (``in_transit``: copied out of the primary, write not finished) are the
 newest copy below the primary and are served from memory before any tier is asked. They may
 sit in a staging buffer the engine reuses once their write is over: whatever leaves the engine
 is a copy (:meth:`Coherence.down_copy`).
@@ -47,7 +47,7 @@ class Coherence:
         "_stats",
         "_writing",
         "backoff_seconds",
-        "demoting",
+        "in_transit",
     )
 
     def __init__(
@@ -72,7 +72,7 @@ class Coherence:
         self._clearing: Counter[int] = Counter()  # tier -> clears under way
         self._failed: set[int] = set()  # tiers whose last clear failed
         #: key -> its newest bytes, copied out of the primary and on their way down
-        self.demoting: dict[bytes, bytes | memoryview] = {}
+        self.in_transit: dict[bytes, bytes | memoryview] = {}
 
     # -- questions -------------------------------------------------------------------------------
 
@@ -162,7 +162,7 @@ class Coherence:
         if self._backoff:
             for ti in range(len(self._names)):
                 self._backoff.pop((ti, k), None)
-        self.demoting.pop(k, None)
+        self.in_transit.pop(k, None)
 
     def clearing(self, ti: int) -> None:
         """Tier ``ti`` is about to drop every block: read nothing from it until it has (and
@@ -218,17 +218,17 @@ class Coherence:
 
     def down_copy(self, k: bytes) -> bytes | None:
         """The bytes of ``k`` on their way down, as a copy the caller may keep; None if none."""
-        data = self.demoting.get(k)
+        data = self.in_transit.get(k)
         return None if data is None else bytes(data)
 
     def going_down(self, k: bytes, data: bytes | memoryview) -> None:
-        self.demoting[k] = data
+        self.in_transit[k] = data
 
     def landed(self, k: bytes, data: bytes | memoryview) -> None:
         """A demotion write of ``data`` finished: once no tier still writes ``k``, the bytes
         are below and no longer served from memory (unless newer bytes replaced them)."""
-        if self.demoting.get(k) is data and not any(k in w for w in self._writing):
-            del self.demoting[k]
+        if self.in_transit.get(k) is data and not any(k in w for w in self._writing):
+            del self.in_transit[k]
 
     def busy(self) -> bool:
         """Writes or removes are queued or running somewhere."""

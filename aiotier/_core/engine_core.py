@@ -27,7 +27,7 @@ from .admission import AdmissionPolicy
 from .answers import Answers
 from .arena import Arena
 from .coherence import Coherence, Hint
-from .demotion import Demotions
+from .copy_policy import CopyPolicy
 from .inflight import InflightTable
 from .pins import PinLedger, PromotionShare
 from .promotion import Promotions
@@ -114,7 +114,7 @@ class EngineCore:
                 seen.setdefault(id(policy), policy)
         #: the policies to tell of every sighting (none by default: lookups then skip it)
         self.sightings = tuple(seen.values())
-        self.demotions = Demotions(
+        self.copies = CopyPolicy(
             table,
             arena,
             self.coherence,
@@ -134,7 +134,7 @@ class EngineCore:
             self.coherence,
             self.pins,
             self.requests,
-            self.demotions,
+            self.copies,
             self.stats,
             clock,
             promotion_timeout,
@@ -146,7 +146,7 @@ class EngineCore:
             self.inflight,
             self.coherence,
             self.answers,
-            self.demotions,
+            self.copies,
             self.stats,
             clock,
             self.tier_names,
@@ -250,7 +250,7 @@ class EngineCore:
             self.saw(list(seen))
         if new:
             new = self._admit(new, protected)
-        got = self.demotions.allocate(new, PENDING, protected) if new else ([], ())
+        got = self.copies.allocate(new, PENDING, protected) if new else ([], ())
         if got is None:
             self.stats.counts[("allocation_failures", "store")] += 1
             return None
@@ -322,7 +322,7 @@ class EngineCore:
         if stored:
             self.events.append(BlockEvent(tuple(stored), self.primary_name, False))
             for k in stored:
-                self.demotions.replaced_everywhere(k, table.index[k])
+                self.copies.replaced_everywhere(k, table.index[k])
 
     # -- the cache API's synchronous halves --------------------------------------------------------
 
@@ -335,7 +335,7 @@ class EngineCore:
             table.touch(slot)
         else:
             self.stats.observe("allocation_size", 1)
-            allocate = self.demotions.allocate  # the victims' bytes are copied out before reuse
+            allocate = self.copies.allocate  # the victims' bytes are copied out before reuse
             got = allocate([k], READY) if slot is None else self._replace_slot(k, slot)
             if got is None:
                 self.stats.counts[("allocation_failures", "store")] += 1
@@ -343,7 +343,7 @@ class EngineCore:
             (slot,), _ = got
             self.arena.write(slot, data)
         self.events.append(BlockEvent((k,), self.primary_name, False))
-        self.demotions.replaced_everywhere(k, slot)
+        self.copies.replaced_everywhere(k, slot)
         return True
 
     def put_value(self, k: bytes, head: bytes, pieces: Sequence[tuple[bytes, memoryview]]) -> bool:
@@ -354,14 +354,14 @@ class EngineCore:
         keys = [pk for pk, _ in pieces]
         keys.append(k)
         self.stats.observe("allocation_size", len(keys))
-        got = self.demotions.allocate(keys, READY, () if old is None else (old,))
+        got = self.copies.allocate(keys, READY, () if old is None else (old,))
         if got is None:
             self.stats.counts[("allocation_failures", "store")] += 1
             return False
         slots, _ = got
         if old is not None:
             self.forget(k, old)
-        write, replaced = self.arena.write, self.demotions.replaced_everywhere
+        write, replaced = self.arena.write, self.copies.replaced_everywhere
         for (pk, data), slot in zip(pieces, slots, strict=False):
             write(slot, data)
             replaced(pk, slot, fresh=True)
@@ -373,7 +373,7 @@ class EngineCore:
     def _replace_slot(self, k: bytes, old: int) -> tuple[list[int], Sequence[bytes]] | None:
         """A fresh slot for ``k`` whose current slot is pinned, pending or promoting; the old
         one is forgotten only once the allocation succeeded, so a full arena changes nothing."""
-        got = self.demotions.allocate([k], READY, (old,))
+        got = self.copies.allocate([k], READY, (old,))
         if got is not None:
             self.forget(k, old)
         return got
@@ -397,7 +397,7 @@ class EngineCore:
             present = self.table.state[slot] in (READY, PROMOTING)
             self.forget(k, slot)
             self.events.append(BlockEvent((k,), self.primary_name, True))
-        if k in self.coherence.demoting:
+        if k in self.coherence.in_transit:
             present = True
         self.coherence.replaced(k)
         for ti, callback in enumerate(done):
@@ -426,7 +426,7 @@ class EngineCore:
         if not secondary:
             return
         self.writes.drop_all(failed=False)
-        self.coherence.demoting.clear()
+        self.coherence.in_transit.clear()
         for ti in range(len(self.tier_names)):
             self.coherence.clearing(ti)
 
@@ -446,9 +446,9 @@ class EngineCore:
         """
         data = self.copy_ready(k)
         if data is None and k not in self.table.index:
-            down = self.coherence.demoting.get(k)
+            down = self.coherence.in_transit.get(k)
             if down is not None:
-                self.demotions.readmit(k, down)
+                self.copies.readmit(k, down)
                 data = bytes(down)
         if data is not None:
             self.stats.primary_hit += 1

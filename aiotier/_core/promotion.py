@@ -23,7 +23,7 @@ from .._types import LookupResult
 from .answers import Answers
 from .arena import Arena
 from .coherence import Coherence
-from .demotion import Demotions
+from .copy_policy import CopyPolicy
 from .inflight import InflightTable, PromotionBatch
 from .pins import PinLedger
 from .requests import RequestState
@@ -77,7 +77,7 @@ class Promotions:
         inflight: InflightTable,
         coherence: Coherence,
         answers: Answers,
-        copies: Demotions,
+        copies: CopyPolicy,
         stats: StepStats,
         clock: Callable[[], float],
         tier_names: Sequence[str],
@@ -115,8 +115,8 @@ class Promotions:
         scan = LookupScan(keys, rs, exclude, prefix=prefix, hold=hold)
         results, protected, need = scan.results, scan.protected, scan.need
         index, state = self._table.index, self._table.state
-        demoting = self._coherence.demoting
-        if index.keys().isdisjoint(keys) and demoting.keys().isdisjoint(keys):
+        in_transit = self._coherence.in_transit
+        if index.keys().isdisjoint(keys) and in_transit.keys().isdisjoint(keys):
             scan.need = scan.open = list(range(len(keys)))  # none is here: ask the tiers
             stats.primary_miss += len(keys)
             return scan
@@ -126,7 +126,7 @@ class Promotions:
             if slot is not None and state[slot] == READY:  # loadable (the fast paths' test)
                 results[i] = _HIT
                 protected.append(slot)
-            elif slot is not None or k in demoting:
+            elif slot is not None or k in in_transit:
                 others.append(i)
             else:
                 need.append(i)  # the primary has nothing to say: the tiers are asked
@@ -307,13 +307,13 @@ class Promotions:
         remove in tier ``ti`` (the tier's answer is stale: MISS). Duplicate keys count once.
         """
         index, coherence = self._table.index, self._coherence
-        demoting = coherence.demoting
+        in_transit = coherence.in_transit
         ks = scan.keys
         keys = scan.asked_keys if positions is scan.asked else [ks[i] for i in positions]
         if (
             coherence.all_readable(ti)
             and index.keys().isdisjoint(keys)
-            and demoting.keys().isdisjoint(keys)
+            and in_transit.keys().isdisjoint(keys)
             and len(set(keys)) == len(keys)
         ):
             return keys, positions
@@ -327,7 +327,7 @@ class Promotions:
             if check and not coherence.may_read(ti, k):
                 results[i] = _MISS
                 continue
-            if k in index or k in taken or k in demoting:
+            if k in index or k in taken or k in in_transit:
                 answer = self._answers.primary_answer(
                     k, scan.rs, now, scan.protected, hold=scan.hold
                 )

@@ -273,7 +273,7 @@ class WriteQueues:
                     if (
                         op.staged
                         and staging is not None
-                        and coherence.demoting.get(op.key) is not data
+                        and coherence.in_transit.get(op.key) is not data
                     ):
                         assert isinstance(data, memoryview)
                         staging.release(data)

@@ -20,7 +20,7 @@ from functools import partial
 from .._core.breaker import BreakerPolicy, CircuitBreaker, CircuitState, TierBreakers
 from ..errors import BlockCorruptedError, TierUnavailableError
 from ..tiers.base import SecondaryTier
-from .threads import Guard
+from .threads import EngineLock
 
 __all__ = ["Breakers", "answered"]
 
@@ -63,7 +63,7 @@ class Breakers:
     __slots__ = ("_guard", "_ready", "_tiers", "core")
 
     def __init__(
-        self, tiers: Sequence[SecondaryTier], policy: BreakerPolicy | None, guard: Guard
+        self, tiers: Sequence[SecondaryTier], policy: BreakerPolicy | None, guard: EngineLock
     ) -> None:
         self._tiers = tuple(tiers)
         self._ready = [partial(_says_available, t) for t in self._tiers]

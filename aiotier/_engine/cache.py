@@ -17,7 +17,7 @@ from .._types import LookupResult
 from ..tiers.base import SecondaryTier
 from .breakers import Breakers, answered
 from .reads import TierReads
-from .threads import Guard
+from .threads import EngineLock
 
 __all__ = ["CacheCalls"]
 
@@ -32,7 +32,7 @@ class CacheCalls:
         core: EngineCore,
         tiers: Sequence[SecondaryTier],
         reads: TierReads,
-        guard: Guard,
+        guard: EngineLock,
         breakers: Breakers,
         *,
         wait: Callable[[Sequence[bytes], float | None], Awaitable[list[LookupResult]]],
@@ -104,7 +104,7 @@ class CacheCalls:
     async def _read_around(self, k: bytes, ti: int) -> bytes | None:
         """A block tier ``ti`` has but the primary has no room for: read it privately.
 
-        If it moved down meanwhile, it is on its way (``demoting``) or in a tier below.
+        If it moved down meanwhile, it is on its way (``in_transit``) or in a tier below.
         """
         core, lock = self._core, self._guard.lock
         coherence = core.coherence

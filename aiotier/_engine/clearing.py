@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from .._core.engine_core import EngineCore
 from ..errors import ConfigError, TieringError
 from ..tiers.base import SecondaryTier
-from .threads import Guard
+from .threads import EngineLock
 from .writers import Writers
 
 __all__ = ["check_clearable", "clear_everything"]
@@ -39,7 +39,7 @@ async def clear_everything(
     core: EngineCore,
     tiers: Sequence[SecondaryTier],
     writers: Writers,
-    guard: Guard,
+    guard: EngineLock,
     timeout: float,
 ) -> None:
     """Steps 1-4 above within ``timeout`` (each tier's clear gets what is left of it).

@@ -69,7 +69,7 @@ async def write_down_and_close(
     close is counted)."""
     persistent = next((i for i, t in enumerate(tiers) if t.capabilities.persistent), 0)
     with lock:
-        core.demotions.at_close(persistent if flush and tiers else None)
+        core.copies.at_close(persistent if flush and tiers else None)
     await writers.drain(io_timeout * 2, discard=True)
     await writers.stop()
 

@@ -21,7 +21,7 @@ from .._types import LookupResult
 from ..errors import TieringError
 from ..tiers.base import SecondaryTier
 from .breakers import Breakers, answered
-from .threads import Guard
+from .threads import EngineLock
 
 __all__ = ["TierReads"]
 
@@ -36,7 +36,7 @@ class TierReads:
         core: EngineCore,
         tiers: Sequence[SecondaryTier],
         promotion_timeout: float,
-        guard: Guard,
+        guard: EngineLock,
         breakers: Breakers,
     ) -> None:
         self._core = core

@@ -15,7 +15,7 @@ from .._core.engine_core import EngineCore
 from ..tiers.base import SecondaryTier, TierUsage
 from ..tiers.primary import PrimaryTier
 from .breakers import Breakers
-from .threads import Guard
+from .threads import EngineLock
 
 __all__ = ["EngineStats", "EngineStatus", "TierHealth"]
 
@@ -86,7 +86,7 @@ class EngineStatus:
         core: EngineCore,
         primary: PrimaryTier,
         tiers: Sequence[SecondaryTier],
-        guard: Guard,
+        guard: EngineLock,
         breakers: Breakers,
         is_open: Callable[[], bool],
     ) -> None:

@@ -10,7 +10,7 @@ from typing import Final
 from .._core.engine_core import EngineCore
 from ..telemetry import Telemetry
 from ..tiers.base import SecondaryTier
-from .threads import Guard
+from .threads import EngineLock
 
 __all__ = ["IDLE_EXPORT_INTERVAL", "MAX_BUFFERED_SAMPLES", "StepExport"]
 
@@ -31,7 +31,7 @@ class StepExport:
         self,
         core: EngineCore,
         tiers: Sequence[SecondaryTier],
-        guard: Guard,
+        guard: EngineLock,
         telemetry: Telemetry,
     ) -> None:
         self._core = core

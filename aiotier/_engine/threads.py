@@ -20,7 +20,7 @@ from .._core.table import READY, BlockTable
 from .._types import RequestContext, normalize_key, normalize_keys
 from ..errors import TieringError
 
-__all__ = ["NO_LOCK", "CallerThreadAnswers", "Guard"]
+__all__ = ["NO_LOCK", "CallerThreadAnswers", "EngineLock"]
 
 
 class _NoLock:
@@ -43,7 +43,7 @@ class _NoLock:
 NO_LOCK = _NoLock()
 
 
-class Guard:
+class EngineLock:
     """The engine's lock and event loop, shared by the engine and its await-side parts."""
 
     __slots__ = ("_loop", "_thread", "lock")
@@ -90,7 +90,7 @@ class CallerThreadAnswers:
     def __init__(
         self,
         table: BlockTable,
-        guard: Guard,
+        guard: EngineLock,
         stats: StepStats,
         cached: Callable[[bytes], bytes | None],
     ) -> None:

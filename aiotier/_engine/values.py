@@ -23,7 +23,7 @@ from .._core.values import (
     split_value,
     verified,
 )
-from .threads import Guard
+from .threads import EngineLock
 
 __all__ = ["Values", "looks_like_manifest"]
 
@@ -42,7 +42,7 @@ class Values:
         self,
         core: EngineCore,
         tiers: int,
-        guard: Guard,
+        guard: EngineLock,
         get_block: Callable[[bytes], Awaitable[bytes | None]],
     ) -> None:
         self._core = core
@@ -104,7 +104,7 @@ class Values:
             if core.arena.lengths[slot] != MANIFEST_BYTES:
                 return None
             return parse_manifest(core.arena.data_view(slot))
-        down = core.coherence.demoting.get(k)
+        down = core.coherence.in_transit.get(k)
         return parse_manifest(down) if down is not None else None
 
     def forget(self, keys: list[bytes]) -> None:

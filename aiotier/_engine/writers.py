@@ -17,7 +17,7 @@ from .._core.writeback import OpKind, WriteOp
 from ..errors import TieringError
 from ..tiers.base import SecondaryTier
 from .breakers import Breakers, answered
-from .threads import Guard
+from .threads import EngineLock
 
 __all__ = ["Writers", "bounded_call"]
 
@@ -60,7 +60,7 @@ class Writers:
         core: EngineCore,
         tiers: Sequence[SecondaryTier],
         io_timeout: float,
-        guard: Guard,
+        guard: EngineLock,
         breakers: Breakers,
     ) -> None:
         self._core = core

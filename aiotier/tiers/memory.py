@@ -2,15 +2,74 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
 
-from .._core.budget import ByteBudgetLRU
 from .._core.gather import gather
 from .._types import LookupResult
+from ..errors import ConfigError
 from ._batches import LastWrites
 from .base import BlockMeta, Buffer, Eviction, SecondaryTier, TierCapabilities, TierSetup, TierUsage
 
-__all__ = ["MemoryTier"]
+__all__ = ["ByteBudgetLRU", "MemoryTier"]
+
+
+class ByteBudgetLRU:
+    """``key -> size`` in recency order, and what to evict for a new entry to fit.
+
+    It never touches the data: the tier asks :meth:`admit` which keys must go and drops them;
+    the accounting here already reflects it.
+    """
+
+    __slots__ = ("_entries", "capacity", "used")
+
+    def __init__(self, capacity: int) -> None:
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
+            raise ConfigError(f"capacity_bytes must be a positive int, got {capacity!r}")
+        self.capacity = capacity
+        self.used = 0
+        self._entries: OrderedDict[bytes, int] = OrderedDict()
+
+    def __iter__(self) -> Iterator[bytes]:
+        """Keys from least to most recently used."""
+        return iter(self._entries)
+
+    def admit(self, key: bytes, size: int) -> list[bytes]:
+        """Account ``key`` as most recent with ``size`` bytes (replacing an entry for it);
+        return the keys evicted for it, least recent first. Raises ``ValueError`` (changing
+        nothing) when ``size`` alone exceeds the budget."""
+        if size > self.capacity:
+            raise ValueError(f"a {size}-byte entry cannot fit a {self.capacity}-byte budget")
+        self.discard(key)
+        entries = self._entries
+        evicted: list[bytes] = []
+        limit = self.capacity - size
+        while self.used > limit and entries:
+            victim, vsize = entries.popitem(last=False)
+            self.used -= vsize
+            evicted.append(victim)
+        entries[key] = size
+        self.used += size
+        return evicted
+
+    def touch(self, key: bytes) -> None:
+        if key in self._entries:
+            self._entries.move_to_end(key)
+
+    def touch_many(self, keys: Iterable[bytes]) -> None:
+        """:meth:`touch` of each key, in order."""
+        entries = self._entries
+        move = entries.move_to_end
+        for key in keys:
+            if key in entries:
+                move(key)
+
+    def discard(self, key: bytes) -> int | None:
+        """Forget ``key``; return its size, or None if it was not tracked."""
+        size = self._entries.pop(key, None)
+        if size is not None:
+            self.used -= size
+        return size
 
 
 class MemoryTier(SecondaryTier):

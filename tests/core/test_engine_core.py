@@ -119,9 +119,9 @@ def test_a_put_supersedes_a_block_on_its_way_down() -> None:
     core = h.core
     assert core.put(b"a", b"old")
     assert core.put(b"b", b"b")  # evicts a: its bytes go down, served from memory meanwhile
-    assert core.coherence.demoting[b"a"] == b"old"
+    assert core.coherence.in_transit[b"a"] == b"old"
     assert core.put(b"a", b"new")  # evicts b, replaces a everywhere
-    assert b"a" not in core.coherence.demoting
+    assert b"a" not in core.coherence.in_transit
     assert not core.coherence.may_read(0, b"a")  # a remove of the older copy is queued
     writes = core.writes.next_batch(0)
     assert [(op.kind, op.key, op.data) for op in writes] == [
@@ -131,7 +131,7 @@ def test_a_put_supersedes_a_block_on_its_way_down() -> None:
     core.writes.writes_applied(0, writes, [None, None])
     core.writes.finished(0, writes)
     h.held[0].update((b"a", b"b"))
-    assert b"b" not in core.coherence.demoting  # landed: the tier has it now
+    assert b"b" not in core.coherence.in_transit  # landed: the tier has it now
     assert not core.coherence.may_read(0, b"a")  # still: the remove comes after the write
     (remove,) = core.writes.next_batch(0)
     assert (remove.kind, remove.key) == (OpKind.REMOVE, b"a")
@@ -145,7 +145,7 @@ def test_a_demotion_past_the_byte_bound_is_dropped_and_the_tier_never_read_for_i
     h = Harness(num_blocks=1, max_pending_write_bytes=4)
     assert h.core.put(b"a", b"12345")
     assert h.core.put(b"b", b"x")  # a's 5 bytes do not fit the 4-byte bound
-    assert b"a" not in h.core.coherence.demoting
+    assert b"a" not in h.core.coherence.in_transit
     # shed load, not a fault: counted as a dropped demotion, never as a tier error
     assert h.count("demotions_dropped", "memory", "backlog") == 1
     assert h.count("tier_errors", "memory", "write") == 0
@@ -272,7 +272,7 @@ def test_a_clear_forgets_every_block_and_reads_no_tier_until_it_cleared() -> Non
 
     core.clear()
     assert core.table.index == {}
-    assert core.copy_ready(b"a") is None and core.coherence.demoting == {}
+    assert core.copy_ready(b"a") is None and core.coherence.in_transit == {}
     (event,) = core.take_events()
     assert (set(event.keys), event.tier, event.removed) == ({b"b", b"c"}, "primary", True)
     assert len(core.writes) == 0 and core.writes.queued_bytes == 0

@@ -87,7 +87,7 @@ def test_a_buffer_still_served_from_memory_is_not_reused() -> None:
     core.coherence.write_queued(0, b"a")  # ...while another write of a is still queued
     core.writes.writes_applied(0, [op], [None])
     core.writes.finished(0, [op])
-    assert core.coherence.demoting[b"a"] is op.data  # still served from memory
+    assert core.coherence.in_transit[b"a"] is op.data  # still served from memory
     assert core.staging is not None and len(core.staging) == 0
 
 

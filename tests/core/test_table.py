@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from aiotier._core.arena import Arena
-from aiotier._core.budget import ByteBudgetLRU
 from aiotier._core.policy import LRUPolicy
 from aiotier._core.requests import RequestState
 from aiotier._core.table import FREE, ORPHAN, PENDING, READY, BlockTable
@@ -89,28 +88,6 @@ def test_arena_rejects_bad_sizes(n: int, size: int) -> None:
 def test_arena_rejects_non_int_sizes() -> None:
     with pytest.raises(TypeError, match="num_blocks must be an int"):
         Arena(2.5, 8)  # type: ignore[arg-type]
-
-
-def test_byte_budget_evicts_lru_until_it_fits() -> None:
-    b = ByteBudgetLRU(10)
-    assert b.admit(b"a", 4) == []
-    assert b.admit(b"b", 4) == []
-    b.touch(b"a")
-    assert b.admit(b"c", 4) == [b"b"]
-    assert b.used == 8 and list(b) == [b"a", b"c"]
-    assert b.admit(b"a", 10) == [b"c"]
-    assert b.used == 10
-    with pytest.raises(ValueError, match="cannot fit"):
-        b.admit(b"z", 11)
-    assert b.used == 10 and list(b) == [b"a"]
-
-
-def test_byte_budget_load_then_trim() -> None:
-    b = ByteBudgetLRU(5)
-    for k in (b"a", b"b", b"c"):
-        b.load(k, 2)
-    assert b.over_budget() == [b"a"]
-    assert b.used == 4
 
 
 def test_request_state_delays_are_taken_once() -> None:

@@ -126,7 +126,7 @@ async def test_write_through_older_copy_not_served_while_newer_write_queued() ->
         m2.delay("write", 0.3)
         assert await e.put("k", b"v2")  # m1's write fails (stale there), m2's is slow
         assert await e.put("x", b"x")  # evicts k: write_through keeps no copy of its own
-        await eventually(lambda: b"k" not in e.core.coherence.demoting)  # m1's write failed
+        await eventually(lambda: b"k" not in e.core.coherence.in_transit)  # m1's write failed
         assert await e.get("k") in (b"v2", None)  # never the older v1 from m2
 
 async def test_write_through_dropped_write_leaves_no_older_copy_readable() -> None:

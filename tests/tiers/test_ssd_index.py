@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from aiotier.tiers._ssd.index import SlotState, SSDIndex, WritePlan
+from aiotier.tiers._ssd.index import DiskSlot, SSDIndex, WritePlan
 
-FREE, WRITING, LIVE, RETIRING = SlotState
+FREE, WRITING, LIVE, RETIRING = DiskSlot
 
 
 def landed(index: SSDIndex, key: bytes, length: int = 10) -> WritePlan:
@@ -33,7 +33,7 @@ def test_a_new_index_hands_out_slots_in_order_with_increasing_sequence_numbers()
         (1, 2, False, None),
         (2, 3, False, None),
     ]
-    assert [SlotState(s) for s in index.state] == [WRITING] * 3
+    assert [DiskSlot(s) for s in index.state] == [WRITING] * 3
     assert len(index) == 0  # nothing readable before a write lands
     assert index.pin(b"k0") == -1
 
@@ -61,12 +61,12 @@ def test_a_rewrite_goes_to_another_slot_and_the_old_one_is_freed_after_clearing(
     assert index.pin(b"k") == first.slot
     old = index.write_landed(plan)
     assert old == first.slot
-    assert SlotState(index.state[old]) is RETIRING  # held by the read and the clearing
+    assert DiskSlot(index.state[old]) is RETIRING  # held by the read and the clearing
     assert index.lru[b"k"] == plan.slot
     index.cleared(old, ok=True)
-    assert SlotState(index.state[old]) is RETIRING  # the read still holds it
+    assert DiskSlot(index.state[old]) is RETIRING  # the read still holds it
     index.read_ended(old)
-    assert SlotState(index.state[old]) is FREE
+    assert DiskSlot(index.state[old]) is FREE
     assert old in index.free and not index.dirty[old]
 
 
@@ -136,7 +136,7 @@ def test_a_failed_write_drops_the_older_copy_and_clears_both_slots() -> None:
     assert plan is not None
     assert index.write_failed(plan) == [plan.slot, first.slot]
     assert b"k" not in index  # no older bytes once a newer write was accepted
-    assert {SlotState(index.state[s]) for s in (plan.slot, first.slot)} == {RETIRING}
+    assert {DiskSlot(index.state[s]) for s in (plan.slot, first.slot)} == {RETIRING}
     index.cleared(plan.slot, ok=False)  # that clearing failed: the slot may still verify
     index.cleared(first.slot, ok=True)
     assert index.dirty[plan.slot] == 1 and index.dirty[first.slot] == 0
@@ -153,10 +153,10 @@ def test_remove_retires_the_slot_until_its_reads_end_and_it_is_cleared() -> None
     assert index.plan_remove(b"k") == -1
     assert b"k" not in index
     index.cleared(slot, ok=True)
-    assert SlotState(index.state[slot]) is RETIRING
+    assert DiskSlot(index.state[slot]) is RETIRING
     assert index.plan_write(b"x", 1).slot != plan.slot  # type: ignore[union-attr]
     index.read_ended(slot)
-    assert SlotState(index.state[slot]) is FREE
+    assert DiskSlot(index.state[slot]) is FREE
 
 
 def test_a_failed_read_drops_the_block_only_if_it_is_still_the_one_read() -> None:
@@ -174,7 +174,7 @@ def test_a_failed_read_drops_the_block_only_if_it_is_still_the_one_read() -> Non
     assert b"k" not in index
     index.read_ended(s)
     index.cleared(s, ok=True)
-    assert SlotState(index.state[s]) is FREE
+    assert DiskSlot(index.state[s]) is FREE
 
 
 def test_loading_rebuilds_order_free_slots_and_the_next_sequence_number() -> None:
@@ -195,7 +195,7 @@ def _check(index: SSDIndex) -> None:
     live = set(index.lru.values())
     assert len(live) == len(index.lru)  # no slot holds two keys
     for s in range(index.slots):
-        state = SlotState(index.state[s])
+        state = DiskSlot(index.state[s])
         assert (state is LIVE) == (s in live)
         assert (state is FREE) == (s in index.free)
         if state is FREE:

@@ -8,12 +8,12 @@ block that evicts, which to clear), and a *completion* applies its outcome. The 
 
 The rules the states keep:
 
-- A block is written to a slot no one reads (:attr:`SlotState.WRITING`), never over the live
+- A block is written to a slot no one reads (:attr:`DiskSlot.WRITING`), never over the live
   copy of its key; the key points at the new slot only when the write completed
   (:meth:`SSDIndex.write_landed`), and the old slot is cleared after.
 - A slot leaves the index before it is reused: a removed, replaced or damaged block's slot is
-  :attr:`SlotState.RETIRING` until its reads have ended and its header has been cleared on
-  disk; only then is it :attr:`SlotState.FREE` again. So a read never meets another block than
+  :attr:`DiskSlot.RETIRING` until its reads have ended and its header has been cleared on
+  disk; only then is it :attr:`DiskSlot.FREE` again. So a read never meets another block than
   the one it planned for, and a restart never finds a removed block.
 - Eviction takes the least recently used block no read holds; its slot is the new block's.
   A block whose key has a newer write under way goes last and is never handed down (its bytes
@@ -29,10 +29,10 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from enum import IntEnum
 
-__all__ = ["SSDIndex", "SlotState", "Victim", "WritePlan"]
+__all__ = ["DiskSlot", "SSDIndex", "Victim", "WritePlan"]
 
 
-class SlotState(IntEnum):
+class DiskSlot(IntEnum):
     """What a slot is doing (stored as ``SSDIndex.state[slot]``)."""
 
     #: Holds nothing: its header on disk is cleared (unless marked ``dirty``).
@@ -45,7 +45,7 @@ class SlotState(IntEnum):
     RETIRING = 3
 
 
-FREE, WRITING, LIVE, RETIRING = (int(s) for s in SlotState)
+FREE, WRITING, LIVE, RETIRING = (int(s) for s in DiskSlot)
 
 
 class Victim:

@@ -40,7 +40,6 @@ class SlotScan:
 
     #: ``(key, slot, seq, length)`` in write order.
     blocks: list[tuple[bytes, int, int, int]] = field(default_factory=list)
-    blank: int = 0
     cleared: int = 0
     torn: int = 0
     #: Older copies of a key (and newest copies that did not verify), cleared by the scan.
@@ -87,12 +86,10 @@ def scan_slots(
             n = min(4096, count - step)
             for i, buf in enumerate(_heads(fd, step, n, g)):
                 got = parse_head(buf, 0, block_size)
-                if type(got) is int:
-                    if got == 0:
-                        out.blank += 1
-                    elif got == 1:
+                if type(got) is int:  # 0 (blank) is a free slot like the others
+                    if got == 1:
                         out.cleared += 1
-                    else:
+                    elif got:
                         out.torn += 1
                     continue
                 assert isinstance(got, tuple)

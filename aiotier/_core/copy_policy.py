@@ -22,10 +22,10 @@ from .stats import StepStats
 from .table import READY, BlockTable, Evictions, SlotState
 from .writeback import WriteQueues, remove, write
 
-__all__ = ["Demotions"]
+__all__ = ["CopyPolicy"]
 
 
-class Demotions:
+class CopyPolicy:
     """The write-back, write-through and immutable-key decisions of one engine."""
 
     __slots__ = (

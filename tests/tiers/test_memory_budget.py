@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from aiotier._core.budget import ByteBudgetLRU
+from aiotier.tiers.memory import ByteBudgetLRU
 
 
-def state(b: ByteBudgetLRU) -> tuple[list[tuple[bytes, int | None]], int]:
-    """Entries from least to most recent, with sizes, and the bytes used."""
-    return [(k, b.size_of(k)) for k in b], b.used
+def state(b: ByteBudgetLRU) -> tuple[list[bytes], int]:
+    """Keys from least to most recent, and the bytes used."""
+    return list(b), b.used
 
 
 def test_admit_evicts_least_recent_first_until_the_new_entry_fits() -> None:
@@ -18,16 +18,7 @@ def test_admit_evicts_least_recent_first_until_the_new_entry_fits() -> None:
     assert b.admit(b"b", 3) == []
     assert b.admit(b"c", 3) == []
     assert b.admit(b"d", 5) == [b"a", b"b"]  # 9 + 5 > 10: two go, oldest first
-    assert state(b) == ([(b"c", 3), (b"d", 5)], 8)
-
-
-def test_admit_entries_reports_each_victim_with_its_size() -> None:
-    b = ByteBudgetLRU(10)
-    b.admit(b"a", 4)
-    b.admit(b"b", 1)
-    b.admit(b"c", 2)
-    assert b.admit_entries(b"d", 9) == [(b"a", 4), (b"b", 1), (b"c", 2)]
-    assert state(b) == ([(b"d", 9)], 9)
+    assert state(b) == ([b"c", b"d"], 8)
 
 
 def test_touch_moves_an_entry_to_most_recent() -> None:
@@ -39,7 +30,7 @@ def test_touch_moves_an_entry_to_most_recent() -> None:
     assert list(b) == [b"b", b"c", b"a"]
     assert b.admit(b"d", 3) == [b"b"]
     assert b.admit(b"e", 6) == [b"c", b"a"]
-    assert state(b) == ([(b"d", 3), (b"e", 6)], 9)
+    assert state(b) == ([b"d", b"e"], 9)
 
 
 def test_admitting_an_existing_key_replaces_it_as_most_recent() -> None:
@@ -48,9 +39,9 @@ def test_admitting_an_existing_key_replaces_it_as_most_recent() -> None:
     b.admit(b"b", 4)
     # a's old 4 bytes are released before anything is evicted: b stays.
     assert b.admit(b"a", 6) == []
-    assert state(b) == ([(b"b", 4), (b"a", 6)], 10)
+    assert state(b) == ([b"b", b"a"], 10)
     assert b.admit(b"b", 7) == [b"a"]
-    assert state(b) == ([(b"b", 7)], 7)
+    assert state(b) == ([b"b"], 7)
 
 
 def test_an_entry_larger_than_the_budget_changes_nothing() -> None:
@@ -59,8 +50,8 @@ def test_an_entry_larger_than_the_budget_changes_nothing() -> None:
     with pytest.raises(ValueError, match="11-byte entry cannot fit a 10-byte budget"):
         b.admit(b"a", 11)
     with pytest.raises(ValueError, match="cannot fit"):
-        b.admit_entries(b"b", 11)
-    assert state(b) == ([(b"a", 4)], 4)
+        b.admit(b"b", 11)
+    assert state(b) == ([b"a"], 4)
 
 
 def test_eviction_stops_as_soon_as_the_entry_fits() -> None:
@@ -70,20 +61,8 @@ def test_eviction_stops_as_soon_as_the_entry_fits() -> None:
     b.admit(b"empty", 0)
     # An entry of the whole budget: everything that takes room goes, oldest first; the empty
     # entry, reached only once the new one fits, stays.
-    assert b.admit_entries(b"c", 10) == [(b"a", 1), (b"z", 2)]
-    assert state(b) == ([(b"empty", 0), (b"c", 10)], 10)
-
-
-def test_load_never_evicts_and_over_budget_trims_oldest_first() -> None:
-    b = ByteBudgetLRU(10)
-    for k, n in ((b"a", 4), (b"b", 4), (b"c", 4), (b"d", 4)):
-        b.load(k, n)
-    assert state(b)[1] == 16
-    b.load(b"b", 1)  # reloaded: most recent, new size
-    assert list(b) == [b"a", b"c", b"d", b"b"]
-    assert b.over_budget() == [b"a"]
-    assert state(b) == ([(b"c", 4), (b"d", 4), (b"b", 1)], 9)
-    assert b.over_budget() == []
+    assert b.admit(b"c", 10) == [b"a", b"z"]
+    assert state(b) == ([b"empty", b"c"], 10)
 
 
 def test_discard_returns_the_size_and_frees_it() -> None:
@@ -92,8 +71,6 @@ def test_discard_returns_the_size_and_frees_it() -> None:
     assert b.discard(b"a") == 4
     assert b.discard(b"a") is None
     assert state(b) == ([], 0)
-    assert b"a" not in b
-    assert len(b) == 0
 
 
 @pytest.mark.parametrize("capacity", [0, -1, 1.5, True, "10"])
