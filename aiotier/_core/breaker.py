@@ -3,7 +3,7 @@
 Their owner reports each call's outcome and asks whether a call may go through; what to do about
 it (fail calls at once, probe the server, log) is the owner's. Two owners exist:
 
-- a networked tier's ``ServerGuard`` (``tiers/_outage.py``) opens its breaker until its own
+- a networked tier's ``ServerGuard`` (``tiers/_net/outage.py``) opens its breaker until its own
   background probe reaches the server again (no cool-down: ``cooldown=None``);
 - the engine keeps one breaker per secondary tier (:class:`TierBreakers`, any tier, a user's
   included): while it is open the engine does not call the tier at all, and after ``cooldown``

@@ -8,7 +8,7 @@ single-key methods through :class:`SimpleTier`.
 
 Why two breakers: the engine keeps a circuit per tier (``TierBreakers``: after repeated
 failures it stops calling the tier for a cool-down, whatever the tier is), and a networked tier
-may keep its own (``tiers/_outage.ServerGuard``: it knows its server is down, probes it, and
+may keep its own (``tiers/_net/outage.ServerGuard``: it knows its server is down, probes it, and
 fails calls at once meanwhile). They meet only through :attr:`SecondaryTier.available`: the
 engine's breaker closes early when the tier says it serves again, and health reports both.
 

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from aiotier.tiers import _late_writes
-from aiotier.tiers._late_writes import LateWriteGuard
+from aiotier.tiers._net import late_writes as _late_writes
+from aiotier.tiers._net.late_writes import LateWriteGuard
 from aiotier.tiers.framing import checksum
 
 

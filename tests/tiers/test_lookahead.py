@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from aiotier.tiers._lookahead import LookAhead
+from aiotier.tiers.objectstore.lookahead import LookAhead
 
 
 class Clock:

@@ -4,7 +4,7 @@ follows what the tier wrote and saw go."""
 
 from __future__ import annotations
 
-from aiotier.tiers._object_memory import REFUSED_CAPACITY, ObjectMemory
+from aiotier.tiers.objectstore.memory import REFUSED_CAPACITY, ObjectMemory
 
 
 class Clock:

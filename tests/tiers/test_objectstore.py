@@ -22,8 +22,8 @@ from seaweedfs_fixtures import (
 
 from aiotier import ConfigError, LookupResult, ObjectStoreTier, TierSetup, TierUnavailableError
 from aiotier.errors import BlockCorruptedError, TieringError
-from aiotier.tiers._object_client import Refused, ServerBusy, Unreachable, classify
 from aiotier.tiers.framing import HEADER, block_digest, encode_frame
+from aiotier.tiers.objectstore.client import Refused, ServerBusy, Unreachable, classify
 
 pytestmark = pytest.mark.s3
 
@@ -467,7 +467,7 @@ async def test_a_lookup_during_a_write_or_remove_does_not_keep_the_old_body(
 async def test_clear_deletes_every_block_under_the_prefix_and_nothing_else(
     s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("aiotier.tiers.objectstore._CLEAR_PAGE", 4)  # several pages
+    monkeypatch.setattr("aiotier.tiers.objectstore.tier._CLEAR_PAGE", 4)  # several pages
     keys = [f"c{i}".encode() for i in range(10)]
     await written(s3, [(k, k) for k in keys])
     store = s3.store()

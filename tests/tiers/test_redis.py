@@ -1096,7 +1096,7 @@ async def test_unix_socket_url(redis_server_factory: RedisServerFactory, tmp_pat
 async def test_fast_reader_connections_are_bounded(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from aiotier.tiers import _resp
+    from aiotier.tiers.redis import reader as _resp
 
     dialled: list[int] = []
     original = _resp.RespReaderPool._connect

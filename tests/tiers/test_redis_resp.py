@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiotier.errors import BlockCorruptedError
-from aiotier.tiers._resp import _MgetProtocol
-from aiotier.tiers._resp_parser import RespError, pack_command
 from aiotier.tiers.framing import encode_header
+from aiotier.tiers.redis.parser import RespError, pack_command
+from aiotier.tiers.redis.reader import _MgetProtocol
 
 
 class FakeTransport(asyncio.Transport):

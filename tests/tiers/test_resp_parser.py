@@ -16,8 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiotier.errors import BlockCorruptedError
-from aiotier.tiers import _resp_parser
-from aiotier.tiers._resp_parser import (
+from aiotier.tiers.framing import HEADER, encode_header
+from aiotier.tiers.redis import parser as _resp_parser
+from aiotier.tiers.redis.parser import (
     MgetParser,
     ParserState,
     Reply,
@@ -25,7 +26,6 @@ from aiotier.tiers._resp_parser import (
     RespProtocolError,
     pack_command,
 )
-from aiotier.tiers.framing import HEADER, encode_header
 
 WHOLE = [1 << 30]  # write as much as every buffer_for offers
 

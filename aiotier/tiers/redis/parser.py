@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from enum import IntEnum
 from typing import Final, TypeAlias
 
-from ..errors import BlockCorruptedError
-from .framing import HEADER, check_header, check_payload
+from ...errors import BlockCorruptedError
+from ..framing import HEADER, check_header, check_payload
 
 __all__ = [
     "MgetParser",

@@ -15,8 +15,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from contextvars import Context
 
-from .._core.breaker import CircuitBreaker
-from ..errors import TierUnavailableError
+from ..._core.breaker import CircuitBreaker
+from ...errors import TierUnavailableError
 
 __all__ = ["GuardedTier", "ServerGuard"]
 

@@ -8,15 +8,15 @@ an object outside ``prefix``, and names spread evenly over the bucket's key spac
 
 Every call has a deadline (``timeout``; a batch shares one): 5xx and throttling answers are
 retried with jittered exponential back-off until it passes. Connectivity failures feed a circuit
-breaker (:class:`~aiotier.tiers._outage.ServerGuard`): once open, calls fail at once (the engine
+breaker (:class:`~aiotier.tiers._net.outage.ServerGuard`): once open, calls fail at once (the engine
 counts MISSes and failed writes, callers see no exception) and a probe closes it again when the
 server answers. At most ``max_concurrency`` requests are in flight per tier at any time (the
-rules in full: :mod:`._object_requests`).
+rules in full: :mod:`.requests`).
 
 A bucket has no cheap size, so :meth:`ObjectStoreTier.usage` reports what this tier instance
 wrote (and has not seen removed), not what the bucket holds; expiry is the bucket's business
 (a lifecycle rule on the prefix, see docs/operations.md). What else the tier remembers of its
-objects, and for how long, is in :mod:`._object_memory`.
+objects, and for how long, is in :mod:`.memory`.
 
 obstore is an optional dependency (the ``s3`` extra), imported when a tier is created, so
 ``import aiotier`` works without it.
@@ -31,18 +31,18 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any, Final
 
-from .._types import LookupResult
-from .._validate import check_bool, check_int, check_positive
-from ..errors import BlockCorruptedError, ConfigError, TieringError
-from ._batches import LastWrites
-from ._late_writes import LateWriteGuard
-from ._lookahead import LookAhead
-from ._object_client import ObjectTooLarge, ObstoreClient, Refused, ServerBusy, Unreachable
-from ._object_memory import ObjectMemory
-from ._object_requests import ObjectRequests, RequestingTier
-from ._outage import GuardedTier, ServerGuard
-from .base import BlockMeta, Buffer, SecondaryTier, TierCapabilities, TierSetup, TierUsage
-from .framing import HEADER, block_digest, encode_frame, payload_into
+from ..._types import LookupResult
+from ..._validate import check_bool, check_int, check_positive
+from ...errors import BlockCorruptedError, ConfigError, TieringError
+from .._batches import LastWrites
+from .._net.late_writes import LateWriteGuard
+from .._net.outage import GuardedTier, ServerGuard
+from ..base import BlockMeta, Buffer, SecondaryTier, TierCapabilities, TierSetup, TierUsage
+from ..framing import HEADER, block_digest, encode_frame, payload_into
+from .client import ObjectTooLarge, ObstoreClient, Refused, ServerBusy, Unreachable
+from .lookahead import LookAhead
+from .memory import ObjectMemory
+from .requests import ObjectRequests, RequestingTier
 
 __all__ = ["ObjectStoreTier"]
 

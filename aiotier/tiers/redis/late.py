@@ -13,10 +13,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from typing import Any, Final, TypeVar
 
-from .._types import Buffer
-from ..errors import TieringError, TierUnavailableError
-from ._late_writes import LateWriteGuard
-from .framing import HEADER
+from ..._types import Buffer
+from ...errors import TieringError, TierUnavailableError
+from .._net.late_writes import LateWriteGuard
+from ..framing import HEADER
 
 __all__ = ["guarded_write", "noting_retry", "refuse_late_copies"]
 

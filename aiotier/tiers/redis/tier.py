@@ -8,10 +8,10 @@ key (up to 1024 bytes, any bytes) maps to a short, safe Redis key.
 Batches cost one round trip: lookups run one small Lua script (pipelined ``EXISTS`` on a
 cluster or where scripts are not allowed), writes one non-transactional pipeline of ``SET``.
 On plain TCP and unix sockets a batched read is an ``MGET`` that bypasses redis-py's parser
-(see ``_resp``): the kernel copies each payload straight into the caller's buffer, and a large
-batch is split over a few connections at once. Other reads are one pipeline of ``GETRANGE``
-(per node on a cluster), each bounded by its buffer, so a huge value planted under a block's
-key is never read whole (``_redis_reads``).
+(see ``reader.py``): the kernel copies each payload straight into the caller's buffer, and a
+large batch is split over a few connections at once. Other reads are one pipeline of
+``GETRANGE`` (per node on a cluster), each bounded by its buffer, so a huge value planted under
+a block's key is never read whole (``reads.py``).
 
 A server that goes away must not slow the engine down: every call is bounded by ``timeout``,
 and after ``failure_threshold`` consecutive connection failures a circuit opens, so calls fail
@@ -34,22 +34,22 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from .._types import LookupResult
-from .._validate import check_bool, check_int, check_positive, check_str
-from ..errors import (
+from ..._types import LookupResult
+from ..._validate import check_bool, check_int, check_positive, check_str
+from ...errors import (
     BlockCorruptedError,
     ConfigError,
     TieringError,
     TierUnavailableError,
 )
-from ._batches import LastWrites
-from ._late_writes import LateWriteGuard
-from ._outage import GuardedTier, ServerGuard
-from ._redis_late import guarded_write, noting_retry, refuse_late_copies
-from ._redis_reads import bounded_payload_into, frame_limit, get_ranges
-from ._resp import RespReaderPool, RespServerError, fast_reader_target
-from .base import BlockMeta, Buffer, SecondaryTier, TierCapabilities, TierSetup, TierUsage
-from .framing import block_digest, encode_frame
+from .._batches import LastWrites
+from .._net.late_writes import LateWriteGuard
+from .._net.outage import GuardedTier, ServerGuard
+from ..base import BlockMeta, Buffer, SecondaryTier, TierCapabilities, TierSetup, TierUsage
+from ..framing import block_digest, encode_frame
+from .late import guarded_write, noting_retry, refuse_late_copies
+from .reader import RespReaderPool, RespServerError, fast_reader_target
+from .reads import bounded_payload_into, frame_limit, get_ranges
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -441,7 +441,7 @@ class RedisTier(GuardedTier, SecondaryTier):
     async def _read_pooled(
         self, client: Any, keys: Sequence[bytes], rkeys: list[bytes], bufs: Sequence[memoryview]
     ) -> list[int | Exception]:
-        """redis-py's pipeline of bounded ``GETRANGE`` (:mod:`._redis_reads`), each value
+        """redis-py's pipeline of bounded ``GETRANGE`` (:mod:`.reads`), each value
         verified and copied into its buffer."""
         values = await get_ranges(client, rkeys, list(map(frame_limit, keys, bufs)))
         return list(map(bounded_payload_into, values, keys, bufs))
@@ -578,7 +578,7 @@ def _driver_info() -> Any:
         from redis.driver_info import DriverInfo
     except ImportError:
         return None
-    from .. import __version__
+    from ... import __version__
 
     return DriverInfo(name="redis-py", lib_version=redis.__version__).add_upstream_driver(
         "aiotier", __version__

@@ -7,7 +7,7 @@ Rules:
   a batch; waiting for a slot and every retry count against it. A request that has no slot or
   no answer by then is given up, the breaker counts it, and the call fails with
   :class:`~aiotier.errors.TierUnavailableError`.
-- The kinds of failure are :mod:`._object_client`'s. A 5xx or throttling answer
+- The kinds of failure are :mod:`.client`'s. A 5xx or throttling answer
   (:class:`ServerBusy`) is retried; the server answered, so the breaker is not told. A lost
   connection (:class:`Unreachable`) is counted by the breaker and retried. Any other 4xx
   (:class:`Refused`) is not retried: :class:`~aiotier.errors.TieringError`.
@@ -23,9 +23,9 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from ..errors import TieringError, TierUnavailableError
-from ._object_client import Refused, ServerBusy, Unreachable
-from ._outage import ServerGuard
+from ...errors import TieringError, TierUnavailableError
+from .._net.outage import ServerGuard
+from .client import Refused, ServerBusy, Unreachable
 
 __all__ = ["ObjectRequests", "RequestingTier"]
 

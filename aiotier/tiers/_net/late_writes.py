@@ -23,8 +23,8 @@ import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
-from .._types import Buffer
-from .framing import checksum
+from ..._types import Buffer
+from ..framing import checksum
 
 __all__ = ["MAX_DOUBTED", "MAX_PER_KEY", "LateWriteGuard"]
 

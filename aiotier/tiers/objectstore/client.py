@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from ..errors import ConfigError, TieringError
+from ...errors import ConfigError, TieringError
 
 if TYPE_CHECKING:
     from types import ModuleType

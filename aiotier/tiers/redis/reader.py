@@ -3,10 +3,10 @@
 redis-py moves a value through five buffers before it is a ``bytes`` (socket, StreamReader,
 hiredis, the reply object, then our copy into the arena), and profiling showed the client CPU,
 not the server, bounding promotions. This reader is an :class:`asyncio.BufferedProtocol` that
-hands the kernel whatever buffer the sans-IO :class:`~aiotier.tiers._resp_parser.MgetParser`
+hands the kernel whatever buffer the sans-IO :class:`~aiotier.tiers.redis.parser.MgetParser`
 asks for: for each payload, the caller's destination memoryview, so the payload bytes are
 copied exactly once, by ``recv_into``, straight into the primary arena, and verified there.
-The parsing (every state and check) lives in ``_resp_parser``; this module holds the transport
+The parsing (every state and check) lives in ``parser.py``; this module holds the transport
 adapter and the connection pool.
 
 Only what the tier needs is spoken: ``AUTH``/``SELECT`` at connect, then ``MGET``. Anything
@@ -21,7 +21,7 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Protocol, cast
 
-from ._resp_parser import MgetParser, Reply, RespError, RespProtocolError, pack_command
+from .parser import MgetParser, Reply, RespError, RespProtocolError, pack_command
 
 __all__ = ["RespReaderPool", "RespServerError", "fast_reader_target"]
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import BlockCorruptedError
-from .framing import HEADER, check_header, payload_into
+from ...errors import BlockCorruptedError
+from ..framing import HEADER, check_header, payload_into
 
 __all__ = ["bounded_payload_into", "frame_limit", "get_ranges"]
 
