@@ -520,7 +520,7 @@ class EngineCore:
 
     def take_step(self, tier_evictions: Sequence[int] = ()) -> StepSnapshot:
         """Hand this step's metric buffers over (adding each tier's own evictions since the
-        last call, from its monotonic ``evictions``) and add them to the totals."""
+        last call, from its monotonic ``usage().evictions``) and add them to the totals."""
         for ti, n in enumerate(tier_evictions):
             grown = n - self._tier_evictions[ti]
             if grown > 0:
@@ -537,7 +537,7 @@ class EngineCore:
         return out
 
     def count_tier_evictions_from(self, tier_evictions: Sequence[int]) -> None:
-        """Each tier's ``evictions`` when the engine opened: only growth after it is counted."""
+        """Each tier's ``usage().evictions`` when the engine opened: only growth after it counts."""
         self._tier_evictions = list(tier_evictions)
 
     # -- closing ---------------------------------------------------------------------------------
