@@ -19,7 +19,7 @@ from typing import Any
 from ._types import LookupResult
 from .errors import BlockCorruptedError
 from .telemetry import METRICS
-from .tiers._batches import LastWrites
+from .tiers._batches import write_each
 from .tiers.base import (
     BlockMeta,
     Buffer,
@@ -156,18 +156,15 @@ class FaultyTier(SecondaryTier):
     async def write_many(
         self, items: Sequence[tuple[bytes, Buffer]], meta: Sequence[BlockMeta] | None = None
     ) -> list[Exception | None]:
-        batch = LastWrites([k if k.__class__ is bytes else None for k, _ in items])
-        out: list[Exception | None] = []
-        for i, item in enumerate(batch.pick(items)):
-            try:
-                if await self._before("write") is not None:
-                    raise OSError(errno.ENOSPC, f"injected disk full in tier {self.name!r}")
-                one = None if meta is None else [meta[batch.kept[i]]]
-                (error,) = await self.inner.write_many([item], one)
-            except Exception as exc:
-                error = exc
-            out.append(error)
-        return batch.spread(out)
+        async def write(key: bytes, at: int) -> None:  # the item at ``at``, faults first
+            if await self._before("write") is not None:
+                raise OSError(errno.ENOSPC, f"injected disk full in tier {self.name!r}")
+            one = None if meta is None else [meta[at]]
+            (error,) = await self.inner.write_many([items[at]], one)
+            if error is not None:
+                raise error
+
+        return await write_each([(k, i) for i, (k, _) in enumerate(items)], write)
 
     async def remove_many(self, keys: Sequence[bytes]) -> list[bool | Exception]:
         out: list[bool | Exception] = []

@@ -9,10 +9,10 @@ every position of the batch.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import TypeVar
 
-__all__ = ["LastWrites"]
+__all__ = ["LastWrites", "write_each"]
 
 _T = TypeVar("_T")
 
@@ -51,3 +51,20 @@ class LastWrites:
         if self._source is None:
             return list(outcomes)
         return [outcomes[j] for j in self._source]
+
+
+async def write_each(
+    items: Sequence[tuple[bytes, _T]], write: Callable[[bytes, _T], Awaitable[None]]
+) -> list[Exception | None]:
+    """A ``write_many`` from a single-key ``write``: the last write of each key carried out,
+    one at a time, each write of the batch reporting its outcome (``None`` or the failure)."""
+    batch = LastWrites([k if k.__class__ is bytes else None for k, _ in items])
+    out: list[Exception | None] = []
+    for k, d in batch.pick(items):
+        try:
+            await write(k, d)
+        except Exception as exc:
+            out.append(exc)
+        else:
+            out.append(None)
+    return batch.spread(out)

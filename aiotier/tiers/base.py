@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
 from .._types import LookupResult
-from ._batches import LastWrites
+from ._batches import write_each
 
 __all__ = [
     "BlockMeta",
@@ -291,16 +291,7 @@ class SimpleTier(SecondaryTier):
     async def write_many(
         self, items: Sequence[tuple[bytes, Buffer]], meta: Sequence[BlockMeta] | None = None
     ) -> list[Exception | None]:
-        batch = LastWrites([k if k.__class__ is bytes else None for k, _ in items])
-        out: list[Exception | None] = []
-        for k, d in batch.pick(items):
-            try:
-                await self.write(k, d)
-            except Exception as exc:
-                out.append(exc)
-            else:
-                out.append(None)
-        return batch.spread(out)
+        return await write_each(items, self.write)
 
     async def remove_many(self, keys: Sequence[bytes]) -> list[bool | Exception]:
         out: list[bool | Exception] = []

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from .._core.gather import gather
 from .._types import LookupResult
 from ..errors import ConfigError
-from ._batches import LastWrites
+from ._batches import write_each
 from .base import BlockMeta, Buffer, Eviction, SecondaryTier, TierCapabilities, TierSetup, TierUsage
 
 __all__ = ["ByteBudgetLRU", "MemoryTier"]
@@ -149,18 +149,9 @@ class MemoryTier(SecondaryTier):
     async def write_many(
         self, items: Sequence[tuple[bytes, Buffer]], meta: Sequence[BlockMeta] | None = None
     ) -> list[Exception | None]:
-        batch = LastWrites([k if k.__class__ is bytes else None for k, _ in items])
-        out: list[Exception | None] = []
-        for key, data in batch.pick(items):
-            try:
-                self._write(key, data)
-            except Exception as exc:
-                out.append(exc)
-            else:
-                out.append(None)
-        return batch.spread(out)
+        return await write_each(items, self._write)
 
-    def _write(self, key: bytes, data: Buffer) -> None:
+    async def _write(self, key: bytes, data: Buffer) -> None:
         # A block given as a view is copied (the caller reuses its buffer), into the buffer of
         # the copy it replaces or of a victim when there is one: a new large buffer costs
         # several times the copy (fresh pages, each zero-filled on first touch).
