@@ -5,7 +5,7 @@ it: they are cancelled, their slots stay pinned until they complete, their reque
 from __future__ import annotations
 
 import pytest
-from helpers import block, seeded
+from helpers import block, read_one, seeded
 
 from aiotier import LookupResult, MemoryTier, PrimaryTier, RequestContext, TieringEngine
 
@@ -35,7 +35,7 @@ async def test_queued_writes_still_reach_the_tier() -> None:
         e.clear_primary()
         await e.flush(timeout=5)
         buf = bytearray(64)
-        assert await below.read_into(b"a", memoryview(buf)) == 64 and bytes(buf) == block(1)
+        assert await read_one(below, b"a", memoryview(buf)) == 64 and bytes(buf) == block(1)
 
 
 @pytest.mark.parametrize("clear", ["primary", "all"])

@@ -37,8 +37,7 @@ def seeded(keys: Iterable[bytes], tier: Any) -> Any:
 
     async def fill() -> None:
         await tier.open()
-        for k in keys:
-            await tier.write(k, k)
+        await tier.write_many([(k, k) for k in keys])
 
     asyncio.run(fill())
     return tier
