@@ -25,13 +25,11 @@ MiB = 1 << 20
 _CHILD = textwrap.dedent(
     """
     import asyncio, json, os, resource, sys
-    from aiotier import ObjectStoreTier
+    from aiotier import ObjectStoreTier, TierSetup
 
     async def main(url, bucket, prefix, block_size):
         tier = ObjectStoreTier(bucket, endpoint_url=url, prefix=prefix)
-        if block_size:
-            tier.configure_block_size(block_size)
-        await tier.open()
+        await tier.open(TierSetup(block_size=block_size or None))
         try:
             before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             looked = await tier.lookup_many([b"k"])

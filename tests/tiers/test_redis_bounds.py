@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as redis_asyncio
+from helpers import read_one, write_one
 
 from aiotier.errors import BlockCorruptedError, TieringError
 from aiotier.tiers import RedisTier
@@ -47,7 +48,7 @@ async def test_a_96_mib_value_under_a_block_key_is_refused_without_reading_it(
     tier = RedisTier(redis_url, fast_reads=fast_reads, timeout=30.0)
     await tier.open()
     try:
-        await tier.write(b"fine", b"ok")
+        await write_one(tier, b"fine", b"ok")
         big = b"\0" * (96 * MiB) if kind == "garbage" else frame(b"k", bytes(96 * MiB))
         await raw.set(tier.redis_key(b"k"), big)
         del big
@@ -60,7 +61,7 @@ async def test_a_96_mib_value_under_a_block_key_is_refused_without_reading_it(
                 assert fine == 2 and bytes(bufs[1][:2]) == b"ok"
             else:
                 with pytest.raises((TieringError, ValueError)) as info:
-                    await tier.read_into(b"k", bufs[0])
+                    await read_one(tier, b"k", bufs[0])
                 got = info.value
             peak = tracemalloc.get_traced_memory()[1]
         finally:

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import read_one, remove_one, write_one
 
 from aiotier.errors import TieringError
 from aiotier.tiers import SSDTier
@@ -21,7 +22,7 @@ SLOT = Geometry.slot_size_for(4096)
 
 async def read(tier: SSDTier, key: bytes) -> bytes | None:
     buf = bytearray(4096)
-    n = await tier.read_into(key, memoryview(buf))
+    n = await read_one(tier, key, memoryview(buf))
     return None if n < 0 else bytes(buf[:n])
 
 
@@ -34,12 +35,12 @@ async def test_a_restored_older_checkpoint_never_brings_back_older_bytes(
     root: Path, tmp_path: Path
 ) -> None:
     async with SSDTier(root, MiB, block_size=4096) as t:
-        await t.write(b"k", b"old")
-        await t.write(b"gone", b"was here")
+        await write_one(t, b"k", b"old")
+        await write_one(t, b"gone", b"was here")
     shutil.copy(root / "checkpoint", tmp_path / "backup")
     async with SSDTier(root, MiB) as t:
-        await t.write(b"k", b"new")
-        assert await t.remove(b"gone")
+        await write_one(t, b"k", b"new")
+        assert await remove_one(t, b"gone")
     shutil.copy(tmp_path / "backup", root / "checkpoint")  # put back from a backup
     async with SSDTier(root, MiB) as t:
         start = t.last_start
@@ -51,7 +52,7 @@ async def test_a_restored_older_checkpoint_never_brings_back_older_bytes(
 
 async def test_a_restored_checkpoint_with_nothing_written_since_is_loaded(root: Path) -> None:
     async with SSDTier(root, MiB, block_size=4096) as t:
-        await t.write(b"k", b"v")
+        await write_one(t, b"k", b"v")
     backup = (root / "checkpoint").read_bytes()
     async with SSDTier(root, MiB) as t:  # opened, nothing written, closed: sealed anew
         assert t.last_start is not None and t.last_start.checkpoint == "loaded"
@@ -65,10 +66,10 @@ async def test_a_whole_directory_restored_from_a_backup_loads_its_checkpoint(
     root: Path, tmp_path: Path
 ) -> None:
     async with SSDTier(root, MiB, block_size=4096) as t:
-        await t.write(b"k", b"old")
+        await write_one(t, b"k", b"old")
     shutil.copytree(root, tmp_path / "backup")  # copy2 keeps the slot files' times
     async with SSDTier(root, MiB) as t:
-        await t.write(b"k", b"new")
+        await write_one(t, b"k", b"new")
     shutil.rmtree(root)
     shutil.copytree(tmp_path / "backup", root)
     async with SSDTier(root, MiB) as t:  # slots and checkpoint of one moment: consistent
@@ -82,14 +83,14 @@ async def test_after_a_restored_checkpoint_and_a_crash_the_newest_copy_still_win
     """The restored checkpoint's sequence numbers are behind the slots': trusted, it would
     number new writes below older copies on disk, and a later header scan would prefer them."""
     async with SSDTier(root, MiB, block_size=4096) as t:
-        await t.write(b"k", b"v1")
+        await write_one(t, b"k", b"v1")
     shutil.copy(root / "checkpoint", tmp_path / "backup")
     async with SSDTier(root, MiB) as t:
-        await t.write(b"filler", b"f")  # takes the slot the next session's first write takes
-        await t.write(b"k", b"v2")
+        await write_one(t, b"filler", b"f")  # takes the slot the next session's first write takes
+        await write_one(t, b"k", b"v2")
     shutil.copy(tmp_path / "backup", root / "checkpoint")
     async with SSDTier(root, MiB) as t:
-        await t.write(b"k", b"latest")
+        await write_one(t, b"k", b"latest")
         shutil.copytree(root, tmp_path / "crashed")  # a kill: no checkpoint written
     (tmp_path / "crashed" / "checkpoint").unlink(missing_ok=True)
     async with SSDTier(tmp_path / "crashed", MiB) as t:
@@ -101,7 +102,7 @@ async def test_the_directory_stays_one_tier_s_when_its_lock_file_goes(
     root: Path, how: str
 ) -> None:
     async with SSDTier(root, MiB, block_size=4096) as first:
-        await first.write(b"k", b"v")
+        await write_one(first, b"k", b"v")
         (root / "lock").unlink()  # a tmp cleaner, or an operator
         if how == "replaced":
             (root / "lock").write_bytes(b"")
