@@ -88,8 +88,9 @@ class Answers:
     ) -> LookupResult | None:
         """The primary's answer for ``k``, or None when the tiers must be asked.
 
-        Bytes on their way down are put back into the primary (HIT) if there is room; a
-        caller that gets RETRY for a promotion is held (``hold``).
+        Bytes on their way down are put back into the primary if there is room: HIT, or RETRY
+        when that evicted a block (ask again: it is a HIT then). A caller that gets RETRY for a
+        promotion is held (``hold``).
         """
         slot = self._table.index.get(k)
         if slot is not None:
@@ -99,7 +100,13 @@ class Answers:
             return answer
         data = self._coherence.in_transit.get(k)
         if data is not None:
-            return _HIT if self._copies.readmit(k, data, protected) else _MISS
+            evicted = self._copies.readmit(k, data, protected)
+            if evicted is None:
+                return _MISS
+            # a block evicted to make room may be one this caller was told was a HIT by an
+            # earlier call (a scheduler that looks keys up one by one): the caller looks again
+            # (a HIT now) rather than loading a prefix that is no longer all there
+            return _RETRY if evicted else _HIT
         return None
 
     def ready_prefix(self, ks: Iterable[bytes]) -> int:

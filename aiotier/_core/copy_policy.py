@@ -117,17 +117,20 @@ class CopyPolicy:
                         demote(0, k, stage(view(slot)), staged=True)
         return keys
 
-    def readmit(self, k: bytes, data: bytes | memoryview, protected: Sequence[int] = ()) -> bool:
+    def readmit(
+        self, k: bytes, data: bytes | memoryview, protected: Sequence[int] = ()
+    ) -> int | None:
         """Put bytes that are on their way down back into the primary, if there is room (and
-        the key has no block there: a pending store of it is newer)."""
+        the key has no block there: a pending store of it is newer). None when they were not
+        put back, else how many blocks were evicted to make room."""
         if k in self._table.index:
-            return False
+            return None
         got = self.allocate([k], READY, protected)
         if got is None:
             self._stats.counts[("allocation_failures", "promotion")] += 1
-            return False
+            return None
         self._arena.write(got[0][0], data)
-        return True
+        return len(got[1])
 
     def replaced_everywhere(self, k: bytes, slot: int, *, fresh: bool = False) -> None:
         """New bytes of ``k`` landed in ``slot``: no tier may serve an older version.

@@ -213,7 +213,7 @@ class EngineCore:
     def complete_load(self, ks: Sequence[bytes], req_id: str | None = None) -> None:
         rs = self.known_request(req_id)
         self.pins.unpin_loads(rs, ks)
-        rs.load_views.release(ks, latest=True)
+        rs.load_views.release_loaded(ks)
 
     def touch(self, ks: Iterable[bytes], *, first_use: bool = False) -> None:
         """Mark blocks used, in order (the last one the most recent); ``first_use`` counts each

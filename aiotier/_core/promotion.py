@@ -143,7 +143,7 @@ class Promotions:
                     if answer is None:
                         need.append(i)
                         continue
-                    if answer is _HIT:  # not to be evicted again by this lookup
+                    if k in index:  # put back: not to be evicted again by this lookup
                         protected.append(index[k])
                 else:
                     answer = answers.of_slot(slot, now)

@@ -56,27 +56,80 @@ def _release_from(
     return missing
 
 
+_Batches = list[tuple[tuple[bytes, ...], list[memoryview | None]]]
+
+
+def _take_one(batches: _Batches, k: bytes) -> memoryview | None:
+    """Take the earliest outstanding view of ``k`` out of ``batches`` (None: there is none)."""
+    for i, (bkeys, views) in enumerate(batches):
+        for j, bk in enumerate(bkeys):
+            v = views[j]
+            if bk == k and v is not None:
+                views[j] = None
+                if all(x is None for x in views):
+                    del batches[i]
+                return v
+    return None
+
+
+def _holds(batches: _Batches, k: bytes) -> bool:
+    return any(
+        bk == k and v is not None
+        for bkeys, views in batches
+        for bk, v in zip(bkeys, views, strict=True)
+    )
+
+
 class HandedViews:
     """The views handed out to one request and not completed yet, batch by batch; those
     handed out before a clear apart (they may still be completed, or be given up at once)."""
 
-    __slots__ = ("_batches", "_cancelled")
+    __slots__ = ("_batches", "_cancelled", "_done")
 
     def __init__(self) -> None:
         self._batches: list[tuple[tuple[bytes, ...], list[memoryview | None]]] = []
         self._cancelled: list[tuple[tuple[bytes, ...], list[memoryview | None]]] = []
+        #: views of loads completed while another load of their key is outstanding
+        self._done: dict[bytes, list[memoryview]] = {}
 
     def hold(self, keys: Sequence[bytes], views: Sequence[memoryview]) -> None:
         if keys:
             self._batches.append((tuple(keys), list(views)))
 
     def release(self, keys: Sequence[bytes], *, latest: bool) -> None:
-        """Release one view of each key: its latest (loads: the pin ``complete_load``
-        drops), or its earliest (stores complete in the order they were prepared)."""
+        """Release one view of each key: its latest, or its earliest (stores complete in the
+        order they were prepared)."""
         if self._batches or self._cancelled:
             missing = _release_from(self._batches, tuple(keys), latest)
             if missing and self._cancelled:
                 _release_from(self._cancelled, tuple(missing), latest)
+
+    def release_loaded(self, keys: Sequence[bytes]) -> None:
+        """A load of ``keys`` completed. Two loads of one key by one request hand out views of
+        the same block and nothing tells which one completes (concurrent tasks end in any
+        order): a key's views are released once no load of it is outstanding."""
+        ks = tuple(keys)
+        if not (self._batches or self._cancelled):
+            return
+        if (
+            len(self._batches) == 1
+            and self._batches[0][0] == ks
+            and not (self._cancelled or self._done)
+        ):
+            _release(self._batches.pop()[1])  # the usual call: one batch, completed whole
+            return
+        done = self._done
+        for k in ks:  # park one view of each key as done (a load since the clear first)
+            found = _take_one(self._batches, k)
+            if found is not None:
+                done.setdefault(k, []).append(found)
+            else:  # a load from before a clear: a block of its own, released at once
+                cancelled = _take_one(self._cancelled, k)
+                if cancelled is not None:
+                    _release([cancelled])
+        for k in set(ks):
+            if k in done and not _holds(self._batches, k):
+                _release(done.pop(k))
 
     def cancel(self) -> None:
         """A clear cancelled everything handed out so far."""
@@ -93,3 +146,6 @@ class HandedViews:
         for _keys, views in self._batches:
             _release(views)
         self._batches.clear()
+        for parked in self._done.values():
+            _release(parked)
+        self._done.clear()

@@ -166,9 +166,12 @@ class AiotierOffloadingManager:
             return cast(LookupResult, self._hit_pending)
         if state is InPrimary.STORING:
             return cast(LookupResult, self._hit_pending)
-        if state is InPrimary.READY:  # its promotion landed meanwhile
+        if state is InPrimary.READY:
+            # its promotion landed meanwhile, or bytes on their way down were put back: either
+            # may have evicted a block an earlier lookup of this scan answered HIT, so the
+            # scheduler asks again (a HIT then) rather than loading a prefix no longer all there
             self._note_source(rid, k)
-            return cast(LookupResult, self._hit)
+            return cast(LookupResult, self._hit_pending)
         return cast(LookupResult, self._retry)
 
     def get_load_source(self, key: OffloadKey | bytes, req_context: Any = None) -> Any:
