@@ -22,12 +22,17 @@ from opentelemetry.metrics import MeterProvider
 from ._core.engine_core import EngineCore
 from ._core.requests import RequestState
 from ._core.table import READY
-from ._core.values import check_value_key, needs_pieces
+from ._core.values import check_value_key
 from ._engine.breakers import Breakers
 from ._engine.cache import CacheCalls
 from ._engine.clearing import check_clearable, clear_everything
-from ._engine.lifecycle import open_tiers, release_shared_memory, write_down_and_close
-from ._engine.loading import Flights, Loader, call_loader
+from ._engine.lifecycle import (
+    open_tiers,
+    release_shared_memory,
+    tier_setups,
+    write_down_and_close,
+)
+from ._engine.loading import Flights, Loader, load_through
 from ._engine.options import EngineArgs, EngineOptions, WritePolicy, build_core, engine_options
 from ._engine.reads import TierReads
 from ._engine.status import EngineStats, EngineStatus, TierHealth
@@ -47,7 +52,7 @@ from ._types import (
 from ._validate import check_positive, check_req, str_ids, value_data
 from .errors import ConfigError, TieringError
 from .telemetry import Telemetry
-from .tiers.base import SecondaryTier, TierSetup
+from .tiers.base import SecondaryTier
 from .tiers.primary import PrimaryTier
 
 __all__ = ["EngineOptions", "EngineStats", "TierHealth", "TieringEngine", "WritePolicy"]
@@ -80,18 +85,7 @@ class TieringEngine:
         #: The options this engine was built with (defaults filled in).
         self.options = o
 
-        cascade = o.write_policy == "write_back"
-        # evicted bytes feed the tier below; from a tier that keeps them in memory anyway they
-        # are also taken with no tier below (its evictions are reported as events either way)
-        self._setups = [
-            TierSetup(
-                primary.block_size,
-                "bytes"
-                if (cascade and i + 1 < len(tiers)) or t.capabilities.cheap_evictions
-                else "keys",
-            )
-            for i, t in enumerate(tiers)
-        ]
+        self._setups = tier_setups(primary.block_size, tiers, o.write_policy == "write_back")
         self._writers: Writers | None = None
         self._guard = guard = EngineLock()
         self._core = core = build_core(primary, tiers, o, self._notify_writer)
@@ -460,15 +454,7 @@ class TieringEngine:
         with self._guard.lock:
             self._check_open()
         self._guard.check_loop()
-        return await self._flights.join(k, lambda: self._load(k, loader))
-
-    async def _load(self, k: bytes, loader: Loader) -> bytes:
-        """One flight of ``get_or_load``: the tiers, then the loader."""
-        data = await self.get(k)
-        if data is None:
-            data = await call_loader(loader)
-            self._put(k, data)
-        return data
+        return await self._flights.join(k, lambda: load_through(self.get, self._put, k, loader))
 
     async def put(self, key: bytes | str, data: bytes | bytearray | memoryview) -> bool:
         """Store ``data`` in the primary, replacing the key everywhere; False when no room.
@@ -494,13 +480,7 @@ class TieringEngine:
         view = value_data(k, data)
         with self._guard.lock:
             self._check_open()
-            if needs_pieces(view, self.primary.block_size):
-                return self._values.put(k, view)
-            replaced = self._values.pieces_of(k)  # a value over several blocks goes whole
-            stored = self._core.put(k, view)
-            if stored:
-                self._values.forget(replaced)
-            return stored
+            return self._values.put(k, view)
 
     async def delete(self, key: bytes | str) -> bool:
         """Remove the value from every tier; True if any tier had it.

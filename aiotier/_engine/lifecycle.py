@@ -14,7 +14,30 @@ from ..tiers.base import SecondaryTier, TierSetup
 from ..tiers.primary import PrimaryTier
 from .writers import Writers
 
-__all__ = ["close_tiers", "open_tiers", "release_shared_memory", "write_down_and_close"]
+__all__ = [
+    "close_tiers",
+    "open_tiers",
+    "release_shared_memory",
+    "tier_setups",
+    "write_down_and_close",
+]
+
+
+def tier_setups(
+    block_size: int, tiers: Sequence[SecondaryTier], write_back: bool
+) -> list[TierSetup]:
+    """What the engine asks of each tier when it opens it. Evicted bytes feed the tier below
+    under write-back; from a tier that keeps them in memory anyway they are also taken with no
+    tier below (its evictions are reported as events either way)."""
+    return [
+        TierSetup(
+            block_size,
+            "bytes"
+            if (write_back and i + 1 < len(tiers)) or t.capabilities.cheap_evictions
+            else "keys",
+        )
+        for i, t in enumerate(tiers)
+    ]
 
 
 async def open_tiers(

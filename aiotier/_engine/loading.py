@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from ..errors import TieringError
 
-__all__ = ["Flights", "Loader", "call_loader"]
+__all__ = ["Flights", "Loader", "call_loader", "load_through"]
 
 #: What ``get_or_load`` calls on a miss: an async callable returning the value's bytes.
 Loader = Callable[[], Awaitable[bytes | bytearray | memoryview]]
@@ -64,6 +64,20 @@ class Flights:
         for t in tasks:
             t.cancel()
         return tasks
+
+
+async def load_through(
+    get: Callable[[bytes], Awaitable[bytes | None]],
+    put: Callable[[bytes, bytes], object],
+    k: bytes,
+    loader: Loader,
+) -> bytes:
+    """One flight of ``get_or_load``: the tiers (``get``), then the loader, stored (``put``)."""
+    data = await get(k)
+    if data is None:
+        data = await call_loader(loader)
+        put(k, data)
+    return data
 
 
 async def call_loader(loader: Loader) -> bytes:

@@ -19,6 +19,7 @@ from .._core.values import (
     Manifest,
     assemble,
     max_value_bytes,
+    needs_pieces,
     parse_manifest,
     split_value,
     verified,
@@ -53,9 +54,16 @@ class Values:
         self.max_bytes = max_value_bytes(core.arena.num_blocks, core.arena.block_size)
 
     def put(self, k: bytes, view: memoryview) -> bool:
-        """Store ``view`` as pieces and a manifest under ``k``; False (nothing visible changed)
-        when the primary cannot keep all of them now. Called with the engine's lock held."""
+        """Store the value ``view`` under ``k``: as one block when it fits one, else as pieces
+        and a manifest; False (nothing visible changed) when the primary cannot keep it now.
+        Called with the engine's lock held."""
         core = self._core
+        if not needs_pieces(view, core.arena.block_size):
+            replaced = self.pieces_of(k)  # a value over several blocks goes whole
+            stored = core.put(k, view)
+            if stored:
+                self.forget(replaced)
+            return stored
         block_size = core.arena.block_size
         if block_size < MANIFEST_BYTES:
             raise ValueError(
