@@ -428,7 +428,7 @@ class TieringEngine:
         try:
             data = await self._cache.get(k)
             if data is not None and looks_like_manifest(data):
-                return await self._values.get(k, data)
+                return await self._values.get(data)
             return data
         finally:
             self._export.flush_if_full()

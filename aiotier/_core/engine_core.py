@@ -458,14 +458,17 @@ class EngineCore:
         """The blocks of ``keys`` joined in one copy when every one is loadable from the
         primary (each counted as a primary hit and marked recently used); None otherwise."""
         table = self.table
-        slots = [table.ready_slot(k) for k in keys]
-        if None in slots:
-            return None
-        view = self.arena.data_view
+        slots: list[int] = []
+        for k in keys:
+            slot = table.ready_slot(k)
+            if slot is None:
+                return None
+            slots.append(slot)
         for slot in slots:
-            table.touch(slot)  # type: ignore[arg-type]
+            table.touch(slot)
         self.stats.primary_hit += len(slots)
-        return b"".join([view(slot) for slot in slots])  # type: ignore[arg-type]
+        view = self.arena.data_view
+        return b"".join([view(slot) for slot in slots])
 
     def copy_ready(self, k: bytes) -> bytes | None:
         """The bytes of ``k`` if it is loadable from the primary (marking it recently used)."""

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from ..errors import TieringError
 
-__all__ = ["Flights", "Loader", "call_loader", "load_through"]
+__all__ = ["Flights", "Loader", "load_through"]
 
 #: What ``get_or_load`` calls on a miss: an async callable returning the value's bytes.
 Loader = Callable[[], Awaitable[bytes | bytearray | memoryview]]
@@ -28,9 +28,6 @@ class Flights:
     def __init__(self) -> None:
         self._flights: dict[bytes, asyncio.Task[bytes]] = {}
         self._closing = False
-
-    def __len__(self) -> int:
-        return len(self._flights)
 
     def join(self, k: bytes, fly: Callable[[], Awaitable[bytes]]) -> asyncio.Future[bytes]:
         """The flight of ``k``, started with ``fly`` when none is in progress; await the result

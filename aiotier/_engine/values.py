@@ -2,9 +2,9 @@
 
 A value that fits a block is one block, as before; a larger one is a manifest block and its
 pieces (:mod:`aiotier._core.values`). ``put`` stays synchronous (a caller's thread can run it):
-the pieces go into the primary first and the manifest last, and a put that cannot keep every
-piece changes nothing visible. ``get`` reads the pieces concurrently and returns the whole value
-or None.
+the pieces and the manifest take their slots in one allocation, and a put that cannot keep them
+all changes nothing visible. ``get`` joins pieces found in the primary in one copy, reads the
+others concurrently, and returns the whole value or None.
 """
 
 from __future__ import annotations
@@ -58,13 +58,17 @@ class Values:
         and a manifest; False (nothing visible changed) when the primary cannot keep it now.
         Called with the engine's lock held."""
         core = self._core
-        if not needs_pieces(view, core.arena.block_size):
-            replaced = self.pieces_of(k)  # a value over several blocks goes whole
-            stored = core.put(k, view)
-            if stored:
-                self.forget(replaced)
-            return stored
         block_size = core.arena.block_size
+        replaced = self.pieces_of(k)  # a value over several blocks goes whole when replaced
+        if not needs_pieces(view, block_size):
+            stored = core.put(k, view)
+        else:
+            stored = self._put_pieces(k, view, block_size)
+        if stored:
+            self.forget(replaced)
+        return stored
+
+    def _put_pieces(self, k: bytes, view: memoryview, block_size: int) -> bool:
         if block_size < MANIFEST_BYTES:
             raise ValueError(
                 f"value for {k[:64]!r} is {view.nbytes} bytes, block_size is {block_size}: values "
@@ -76,15 +80,11 @@ class Values:
                 f"{self.max_bytes} bytes (num_blocks - 1 blocks of {block_size})"
             )
         manifest, pieces = split_value(view, block_size)
-        replaced = self.pieces_of(k)
-        if not core.put_value(k, manifest.encode(), pieces):
-            return False
-        self.forget(replaced)
-        return True
+        return self._core.put_value(k, manifest.encode(), pieces)
 
-    async def get(self, k: bytes, block: bytes) -> bytes | None:
-        """The value whose manifest ``block`` is (``k``'s block), or ``block`` itself when it is
-        not a manifest; None when a piece is missing or they do not add up."""
+    async def get(self, block: bytes) -> bytes | None:
+        """The value whose manifest ``block`` is, or ``block`` itself when it is not a
+        manifest; None when a piece is missing or they do not add up."""
         manifest = parse_manifest(block)
         if manifest is None:
             return block
