@@ -169,9 +169,7 @@ class BlockingEngine:
                 return n
         return self._call(self.engine.lookup_prefix, keys, req)
 
-    def wait(
-        self, keys: Sequence[bytes | str], timeout: float | None = None
-    ) -> list[LookupResult]:
+    def wait(self, keys: Sequence[bytes | str], timeout: float | None = None) -> list[LookupResult]:
         """:meth:`TieringEngine.wait`: blocks until none of ``keys`` is in flight."""
         return self._call(self.engine.wait, keys, timeout=timeout)
 
@@ -189,9 +187,7 @@ class BlockingEngine:
         """:meth:`TieringEngine.prepare_load` (the caller's thread)."""
         return self.engine.prepare_load(keys, req)
 
-    def complete_load(
-        self, keys: Sequence[bytes | str], req: RequestContext | None = None
-    ) -> None:
+    def complete_load(self, keys: Sequence[bytes | str], req: RequestContext | None = None) -> None:
         """:meth:`TieringEngine.complete_load` (the caller's thread)."""
         self.engine.complete_load(keys, req)
 
@@ -227,8 +223,14 @@ class BlockingEngine:
         return self._call(self.engine.get, key, req)
 
     def put(self, key: bytes | str, data: bytes | bytearray | memoryview) -> bool:
-        """:meth:`TieringEngine.put` (the caller's thread)."""
-        return self.engine._put(key, data)
+        """:meth:`TieringEngine.put`: stored from the caller's thread; with write-through
+        tiers, their writes are awaited on the engine's loop."""
+        if self.engine.core.routes.through:
+            _refuse_inside_a_loop("put")  # it waits for the loop
+        stored, acks = self.engine._put(key, data)
+        if acks is None or not stored:
+            return stored
+        return self._call(self.engine._acknowledged, acks)
 
     def delete(self, key: bytes | str) -> bool:
         """:meth:`TieringEngine.delete`."""

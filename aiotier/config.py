@@ -22,6 +22,7 @@ from typing import Any, Final, Literal
 
 from ._core.admission import AdmissionPolicy, parse_admission
 from ._core.breaker import BreakerPolicy
+from ._core.write_routes import WRITE_POLICIES
 from .engine import EngineOptions, TieringEngine
 from .errors import ConfigError
 from .tiers.base import SecondaryTier
@@ -179,16 +180,21 @@ def _tier(where: str, spec: Mapping[str, Any]) -> SecondaryTier:
         raise ConfigError(f"{where}: {exc}") from exc
 
 
+def _pairs(where: str, spec: str, expected: str) -> dict[str, str]:
+    """``{"a": "1", "b": "2"}`` from ``"a=1, b=2"`` (a table given in one variable)."""
+    table = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"{where}: expected {expected} items, got {item!r}")
+        table[name.strip()] = value.strip()
+    return table
+
+
 def _admission(where: str, spec: Any) -> dict[str, AdmissionPolicy]:
     """``{tier: policy}`` from a table of policy strings, or a ``tier=policy,...`` string."""
     if isinstance(spec, str):
-        table: dict[str, Any] = {}
-        for item in filter(None, (part.strip() for part in spec.split(","))):
-            tier, sep, policy = item.partition("=")
-            if not sep:
-                raise ConfigError(f"{where}: expected tier=policy items, got {item!r}")
-            table[tier.strip()] = policy
-        spec = table
+        spec = _pairs(where, spec, "tier=policy")
     if not isinstance(spec, Mapping):
         raise ConfigError(f"{where}: expected a table of tier = policy, got {spec!r}")
     out = {}
@@ -200,18 +206,29 @@ def _admission(where: str, spec: Any) -> dict[str, AdmissionPolicy]:
     return out
 
 
+def _write_policy(where: str, spec: Any) -> str | dict[str, str]:
+    """One policy for every tier (``"write_through"``), or per tier: a table of tier = policy,
+    or a ``tier=policy,...`` string."""
+    if isinstance(spec, str) and "=" not in spec:
+        return spec  # checked by EngineOptions
+    if isinstance(spec, str):
+        spec = _pairs(where, spec, "tier=policy")
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"{where}: expected a policy or a table of tier = policy, got {spec!r}")
+    for tier, policy in spec.items():
+        if policy not in WRITE_POLICIES:
+            raise ConfigError(
+                f"{where}.{tier}: expected one of {', '.join(WRITE_POLICIES)}, got {policy!r}"
+            )
+    return dict(spec)
+
+
 def _breaker(where: str, spec: Any) -> BreakerPolicy | None:
     """A ``BreakerPolicy`` from a table (or ``field=value,...``); ``false`` / ``off``: none."""
     if isinstance(spec, str):
         if spec.strip().lower() in ("off", "false", "no", "none", "0"):
             return None
-        table: dict[str, str] = {}
-        for item in filter(None, (part.strip() for part in spec.split(","))):
-            field, sep, value = item.partition("=")
-            if not sep:
-                raise ConfigError(f"{where}: expected off or field=value items, got {item!r}")
-            table[field.strip()] = value.strip()
-        spec = table
+        spec = _pairs(where, spec, "off or field=value")
     if spec is False:
         return None
     fields = _fields(where, spec, {"failure_threshold": int, "cooldown": float})
@@ -225,6 +242,7 @@ def _breaker(where: str, spec: Any) -> BreakerPolicy | None:
 _ENGINE_TABLES: Final[Mapping[str, Callable[[str, Any], Any]]] = {
     "admission": _admission,
     "breaker": _breaker,
+    "write_policy": _write_policy,
 }
 
 
@@ -297,7 +315,7 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     for name, value in env.items():
         if not name.startswith("AIOTIER_"):
             continue
-        section, _, rest = name[len("AIOTIER_"):].lower().partition("_")
+        section, _, rest = name[len("AIOTIER_") :].lower().partition("_")
         if section in _TOOLING:
             continue
         if section not in _SECTIONS:

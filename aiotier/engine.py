@@ -23,6 +23,7 @@ from ._core.engine_core import EngineCore
 from ._core.requests import RequestState
 from ._core.table import READY
 from ._core.values import check_value_key
+from ._core.writeback import WriteAcks
 from ._engine.breakers import Breakers
 from ._engine.cache import CacheCalls
 from ._engine.clearing import check_clearable, clear_everything
@@ -85,10 +86,10 @@ class TieringEngine:
         #: The options this engine was built with (defaults filled in).
         self.options = o
 
-        self._setups = tier_setups(primary.block_size, tiers, o.write_policy == "write_back")
         self._writers: Writers | None = None
         self._guard = guard = EngineLock()
         self._core = core = build_core(primary, tiers, o, self._notify_writer)
+        self._setups = tier_setups(primary.block_size, tiers, core.routes)
         breakers = Breakers(tiers, o.breaker, guard)
         self._writers = Writers(core, tiers, o.tier_timeout, guard, breakers)
         self._reads = TierReads(core, tiers, o.promotion_timeout, guard, breakers)
@@ -365,9 +366,7 @@ class TieringEngine:
             self._check_open()
             return self._core.prepare_load(ks, None if req is None else req.req_id)
 
-    def complete_load(
-        self, keys: Sequence[bytes | str], req: RequestContext | None = None
-    ) -> None:
+    def complete_load(self, keys: Sequence[bytes | str], req: RequestContext | None = None) -> None:
         """Unpin blocks loaded with ``prepare_load`` (and the request's promotion pins on them)."""
         ks = normalize_keys(keys)
         check_req(req)
@@ -454,7 +453,7 @@ class TieringEngine:
         with self._guard.lock:
             self._check_open()
         self._guard.check_loop()
-        return await self._flights.join(k, lambda: load_through(self.get, self._put, k, loader))
+        return await self._flights.join(k, lambda: load_through(self.get, self.put, k, loader))
 
     async def put(self, key: bytes | str, data: bytes | bytearray | memoryview) -> bool:
         """Store ``data`` in the primary, replacing the key everywhere; False when no room.
@@ -463,9 +462,35 @@ class TieringEngine:
         ``max_value_bytes``; larger raises ``ValueError``): its pieces first, then one block
         that names them, so ``get`` sees the old value or the new one, whole. False, with the
         old value still there, when the primary cannot hold every piece now.
+
+        With write-through tiers (``write_policy``), ``put`` returns once each of them holds
+        the value, or was kept out by its admission policy. It returns False when one did not
+        take it (the write failed, the tier's circuit was open, its queue was full, or it took
+        longer than twice ``io_timeout``): the value may then be served from where it landed,
+        but it is not durable there.
         """
         self._guard.check_loop()
-        return self._put(key, data)
+        stored, acks = self._put(key, data)
+        if acks is None or not stored:
+            return stored
+        return await self._acknowledged(acks)
+
+    async def _acknowledged(self, acks: WriteAcks) -> bool:
+        """Await the outcome of a put's write-through writes: whether every tier took them."""
+        taken = asyncio.get_running_loop().create_future()
+
+        def settled() -> None:
+            if not taken.done():
+                taken.set_result(None)
+
+        with self._guard.lock:
+            acks.when_settled(settled)
+        try:
+            async with asyncio.timeout(self.options.tier_timeout * 2):
+                await taken
+        except TimeoutError:
+            return False
+        return not acks.failed
 
     @property
     def max_value_bytes(self) -> int:
@@ -473,14 +498,18 @@ class TieringEngine:
         all its pieces and the block naming them at once)."""
         return self._values.max_bytes
 
-    def _put(self, key: bytes | str, data: bytes | bytearray | memoryview) -> bool:
-        """``put`` awaits nothing: a caller's thread can run it too (``BlockingEngine``)."""
+    def _put(
+        self, key: bytes | str, data: bytes | bytearray | memoryview
+    ) -> tuple[bool, WriteAcks | None]:
+        """The synchronous half of ``put`` (a caller's thread can run it: ``BlockingEngine``):
+        whether the primary took the value, and the write-through writes to await."""
         k = normalize_key(key)
         check_value_key(k)
         view = value_data(k, data)
+        acks = WriteAcks() if self._core.routes.through else None
         with self._guard.lock:
             self._check_open()
-            return self._values.put(k, view)
+            return self._values.put(k, view, acks), acks
 
     async def delete(self, key: bytes | str) -> bool:
         """Remove the value from every tier; True if any tier had it.
@@ -609,9 +638,7 @@ def _only_bytes(keys: Sequence[object]) -> bool:
 _BYTES: frozenset[type] = frozenset({bytes})
 
 
-def _key_sequence(
-    keys: Sequence[bytes | str], req: RequestContext | None
-) -> Sequence[bytes | str]:
+def _key_sequence(keys: Sequence[bytes | str], req: RequestContext | None) -> Sequence[bytes | str]:
     """``keys`` as a list or tuple (an iterator is read once), after the checks that come first."""
     if isinstance(keys, str | bytes):
         raise TypeError("keys must be a sequence of keys, not a single str or bytes key")

@@ -29,7 +29,7 @@ CONSTRUCTORS = {
     "ssd": SSDTier, "redis": RedisTier, "s3": ObjectStoreTier,
 }  # fmt: skip
 #: Engine options given as tables of their own ([engine.admission], [engine.breaker]).
-TABLES = {"admission", "breaker"}
+TABLES = {"admission", "breaker", "write_policy"}
 
 
 def _parameters(made: type) -> set[str]:

@@ -1,11 +1,12 @@
 """Where a block's bytes go when the primary lets go of them or replaces them.
 
-Evictions under write-back copy the bytes out (before the slot is reused: into a staging
-buffer unless the first tier keeps the bytes it is given) and send them to the
-first tier unless it keeps a clean copy; a put or store of new bytes removes the older copies
-below (write-back), writes the new ones to every tier (write-through) or keeps copies that are
-the same bytes (immutable keys); at close the primary's blocks are written down to the first
-persistent tier. Part of :class:`~aiotier._core.engine_core.EngineCore`.
+Each tier's write policy (:class:`~aiotier._core.write_routes.WriteRoutes`) decides. Evictions
+copy the bytes out (before the slot is reused: into a staging buffer unless the tier keeps the
+bytes it is given) for the write-back tier the primary feeds, unless it keeps a clean copy; a
+put or store of new bytes writes them to every write-through tier and removes the older copies
+from the others, or keeps copies that are the same bytes (immutable keys); at close the
+primary's blocks are written down to the first persistent tier when it is write-back. Part of
+:class:`~aiotier._core.engine_core.EngineCore`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from .coherence import Coherence
 from .staging import StagingBuffers
 from .stats import StepStats
 from .table import READY, BlockTable, Evictions, SlotState
-from .writeback import WriteQueues, remove, write
+from .write_routes import WriteRoutes
+from .writeback import WriteAcks, WriteQueues, remove, write
 
 __all__ = ["CopyPolicy"]
 
@@ -39,7 +41,7 @@ class CopyPolicy:
         "_writes",
         "immutable_keys",
         "primary_name",
-        "write_policy",
+        "routes",
     )
 
     def __init__(
@@ -53,8 +55,7 @@ class CopyPolicy:
         events: deque[BlockEvent],
         *,
         primary_name: str,
-        tiers: int,
-        write_policy: str,
+        routes: WriteRoutes,
         immutable_keys: bool,
     ) -> None:
         self._table = table
@@ -64,9 +65,9 @@ class CopyPolicy:
         self._staging = staging
         self._stats = stats
         self._events = events
-        self._tiers = tiers
+        self._tiers = len(routes.policies)
         self.primary_name = primary_name
-        self.write_policy = write_policy
+        self.routes = routes
         self.immutable_keys = immutable_keys
 
     def allocate(
@@ -90,31 +91,32 @@ class CopyPolicy:
         return slots
 
     def evicted(self, evicted: Evictions) -> Sequence[bytes]:
-        """Account primary evictions (their keys are returned); under write-back copy the bytes
-        out (before the slots are reused) for the first tier, unless it already holds them."""
+        """Account primary evictions (their keys are returned); copy the bytes out (before the
+        slots are reused) for the write-back tier the primary feeds, unless it holds them."""
         keys = evicted.keys
         if not keys:
             return keys
         self._stats.counts[("evictions", self.primary_name)] += len(keys)
         self._events.append(BlockEvent(tuple(keys), self.primary_name, True))
-        if self.write_policy == "write_back" and self._tiers:
-            # a clean block's bytes are in the first tier already, unless a remove of them
-            # is queued there or the tier lost them
+        ti = self.routes.from_primary
+        if ti is not None:
+            # a clean block's bytes are in that tier already, unless a remove of them is
+            # queued there or the tier lost them
             clean = evicted.clean
-            kept = self._coherence.kept(0, list(compress(keys, clean) if 0 in clean else keys))
+            kept = self._coherence.kept(ti, list(compress(keys, clean) if 0 in clean else keys))
             if len(kept) == len(keys):
-                return keys  # every one is in the first tier already
+                return keys  # every one is there already
             demote, staging = self._writes.demote, self._staging
             if staging is None:
                 read = self._arena.read
                 for k, slot in zip(keys, evicted.slots, strict=True):
                     if k not in kept:
-                        demote(0, k, read(slot))
+                        demote(ti, k, read(slot))
             else:
                 view, stage = self._arena.data_view, staging.copy
                 for k, slot in zip(keys, evicted.slots, strict=True):
                     if k not in kept:
-                        demote(0, k, stage(view(slot)), staged=True)
+                        demote(ti, k, stage(view(slot)), staged=True)
         return keys
 
     def readmit(
@@ -132,33 +134,37 @@ class CopyPolicy:
         self._arena.write(got[0][0], data)
         return len(got[1])
 
-    def replaced_everywhere(self, k: bytes, slot: int, *, fresh: bool = False) -> None:
+    def replaced_everywhere(
+        self, k: bytes, slot: int, *, fresh: bool = False, acks: WriteAcks | None = None
+    ) -> None:
         """New bytes of ``k`` landed in ``slot``: no tier may serve an older version.
 
         ``fresh``: no tier can hold ``k`` (a key never used before, such as a piece of a
-        value over several blocks): there is nothing to remove below.
+        value over several blocks): there is nothing to remove below. ``acks`` learns the
+        outcome of each write-through write.
         """
         coherence, table, writes = self._coherence, self._table, self._writes
         coherence.replaced(k)
-        tiers = range(self._tiers)
-        if self.write_policy == "write_through" and self._tiers:
+        through = self.routes.through
+        if through:
             data = self._arena.read(slot)
             # on their way down until every tier has them: lookups find these bytes, never an
             # older copy a tier still holds while its write is queued
-            for ti in tiers:
-                writes.demote(ti, k, data)
-            table.set_clean(slot, True)
-            return
+            for ti in through:
+                writes.demote(ti, k, data, done=None if acks is None else acks.expect())
+        fed = self.routes.from_primary
         if self.immutable_keys:
             # the same bytes as any copy below: keep those copies (other engines sharing a tier
-            # may be reading them), and skip the write-back if the first tier has one
-            held = bool(self._tiers) and not coherence.writing(0, k)
-            table.set_clean(slot, held and coherence.holds(0, k) is True)
+            # may be reading them), and skip the write-back if the fed tier has one
+            held = fed is not None and not coherence.writing(fed, k)
+            table.set_clean(slot, fed is None or (held and coherence.holds(fed, k) is True))
             return
-        table.set_clean(slot, False)
+        table.set_clean(slot, fed is None)
         if fresh:
             return
-        for ti in tiers:
+        for ti in range(self._tiers):
+            if ti in through:
+                continue
             if coherence.writing(ti, k) or coherence.holds(ti, k) is not False:
                 writes.push(ti, remove(k))
 
@@ -167,13 +173,13 @@ class CopyPolicy:
 
         Copies that a failed write or remove may have left behind are the one thing a restart
         would not know to avoid: their removes are queued once more (a write-down follows
-        them). Under write-back, ``write_down_to`` (the first persistent tier; None: skip it)
-        gets the primary's blocks it does not hold yet.
+        them). ``write_down_to`` (:meth:`WriteRoutes.write_down_to`; None: skip it) gets the
+        primary's blocks it does not hold yet.
         """
         for ti in range(self._tiers):
             for k in self._coherence.stale_keys(ti):
                 self._writes.push(ti, remove(k))
-        if write_down_to is not None and self.write_policy == "write_back":
+        if write_down_to is not None:
             self._write_down_primary(write_down_to)
 
     def _write_down_primary(self, ti: int) -> None:
@@ -185,7 +191,8 @@ class CopyPolicy:
             if table.state[slot] != READY:
                 continue
             hint = coherence.holds(ti, k)
-            held = hint or (ti == 0 and table.is_clean(slot) and hint is None)
+            fed = ti == self.routes.from_primary
+            held = hint or (fed and table.is_clean(slot) and hint is None)
             if held and not coherence.removing(ti, k):  # a queued remove will take that copy
                 continue
             self._writes.push(ti, write(k, self._arena.read(slot)))

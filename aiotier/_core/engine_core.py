@@ -35,7 +35,8 @@ from .requests import RequestBook, RequestState
 from .staging import StagingBuffers
 from .stats import CountKey, StepSnapshot, StepStats, TotalStats
 from .table import PENDING, PROMOTING, READY, BlockTable, SlotState
-from .writeback import WriteQueues, remove
+from .write_routes import WriteRoutes
+from .writeback import WriteAcks, WriteQueues, remove
 
 __all__ = ["EngineCore"]
 
@@ -57,7 +58,7 @@ class EngineCore:
         primary_name: str = "primary",
         tier_names: Sequence[str] = (),
         hints: Sequence[Hint] = (),
-        write_policy: str = "write_back",
+        write_policy: str | Sequence[str] = "write_back",
         immutable_keys: bool = False,
         promotion_timeout: float = 5.0,
         backoff_seconds: float = 1.0,
@@ -75,7 +76,8 @@ class EngineCore:
         self.table = table
         self.primary_name = primary_name
         self.tier_names = tuple(tier_names)
-        self.write_policy = write_policy
+        #: where copies go between the tiers (``write_policy``: one for all, or one per tier)
+        self.routes = routes = WriteRoutes.of(write_policy, len(self.tier_names))
         self.immutable_keys = immutable_keys
         self.promotion_timeout = promotion_timeout
         self.clock = clock
@@ -100,7 +102,7 @@ class EngineCore:
             self.stats,
             self.events,
             max_bytes=max_pending_write_bytes,
-            cascade=write_policy == "write_back",
+            below=routes.below,
             notify=notify,
             admission=tier_admission,
             immutable=immutable_keys,
@@ -123,8 +125,7 @@ class EngineCore:
             self.stats,
             self.events,
             primary_name=primary_name,
-            tiers=len(self.tier_names),
-            write_policy=write_policy,
+            routes=routes,
             immutable_keys=immutable_keys,
         )
         #: what each key answers, and what a caller that got RETRY is owed
@@ -326,8 +327,11 @@ class EngineCore:
 
     # -- the cache API's synchronous halves --------------------------------------------------------
 
-    def put(self, k: bytes, data: bytes | bytearray | memoryview) -> bool:
-        """Store ``data`` in the primary, replacing ``k`` everywhere; False when no room."""
+    def put(
+        self, k: bytes, data: bytes | bytearray | memoryview, acks: WriteAcks | None = None
+    ) -> bool:
+        """Store ``data`` in the primary, replacing ``k`` everywhere; False when no room.
+        ``acks`` learns the outcome of each write-through write."""
         table = self.table
         slot = table.index.get(k)
         if slot is not None and table.state[slot] == READY and table.pins[slot] == 0:
@@ -343,10 +347,16 @@ class EngineCore:
             (slot,), _ = got
             self.arena.write(slot, data)
         self.events.append(BlockEvent((k,), self.primary_name, False))
-        self.copies.replaced_everywhere(k, slot)
+        self.copies.replaced_everywhere(k, slot, acks=acks)
         return True
 
-    def put_value(self, k: bytes, head: bytes, pieces: Sequence[tuple[bytes, memoryview]]) -> bool:
+    def put_value(
+        self,
+        k: bytes,
+        head: bytes,
+        pieces: Sequence[tuple[bytes, memoryview]],
+        acks: WriteAcks | None = None,
+    ) -> bool:
         """Store a value's ``pieces`` (keys never used before) and then ``head``, the block
         naming them, under ``k``: one allocation, so none of them evicts another, and all or
         nothing (False, changing nothing, when the primary cannot hold them all now)."""
@@ -364,9 +374,9 @@ class EngineCore:
         write, replaced = self.arena.write, self.copies.replaced_everywhere
         for (pk, data), slot in zip(pieces, slots, strict=False):
             write(slot, data)
-            replaced(pk, slot, fresh=True)
+            replaced(pk, slot, fresh=True, acks=acks)
         write(slots[-1], head)
-        replaced(k, slots[-1])
+        replaced(k, slots[-1], acks=acks)
         self.events.append(BlockEvent(tuple(keys), self.primary_name, False))
         return True
 

@@ -25,7 +25,7 @@ from .coherence import Coherence
 from .staging import StagingBuffers
 from .stats import StepStats
 
-__all__ = ["OpKind", "WriteOp", "WriteQueues"]
+__all__ = ["OpKind", "WriteAcks", "WriteOp", "WriteQueues"]
 
 #: Most ops, and bytes of writes, handed to one write_many / remove_many call. A writer takes
 #: what queued while its last batch ran: under a busy event loop that turns only every few
@@ -40,7 +40,8 @@ class OpKind(enum.Enum):
 
 
 class WriteOp:
-    """One queued tier mutation. ``done`` (removes of a ``delete``) gets whether it removed."""
+    """One queued tier mutation. ``done``, when given, is called once with the outcome: for a
+    write, whether the tier took it; for a remove (of a ``delete``), whether it removed."""
 
     __slots__ = ("data", "demotion", "done", "key", "kind", "staged")
 
@@ -64,13 +65,59 @@ class WriteOp:
 
 
 def write(
-    key: bytes, data: bytes | memoryview, *, demotion: bool = False, staged: bool = False
+    key: bytes,
+    data: bytes | memoryview,
+    *,
+    demotion: bool = False,
+    staged: bool = False,
+    done: Callable[[bool], None] | None = None,
 ) -> WriteOp:
-    return WriteOp(OpKind.WRITE, key, data, demotion=demotion, staged=staged)
+    return WriteOp(OpKind.WRITE, key, data, demotion=demotion, staged=staged, done=done)
 
 
 def remove(key: bytes, done: Callable[[bool], None] | None = None) -> WriteOp:
     return WriteOp(OpKind.REMOVE, key, done=done)
+
+
+def _settle(op: WriteOp, outcome: bool) -> None:
+    """Tell ``op``'s caller its outcome, once."""
+    done = op.done
+    if done is not None:
+        op.done = None
+        done(outcome)
+
+
+class WriteAcks:
+    """The write-through writes of one ``put``: how many are still out, how many failed.
+
+    :meth:`expect` gives the ``done`` callback of one write; :meth:`when_settled` runs a
+    function once every write has its outcome (at once if none is out).
+    """
+
+    __slots__ = ("_settled", "failed", "pending")
+
+    def __init__(self) -> None:
+        self.pending = 0
+        self.failed = 0
+        self._settled: Callable[[], None] | None = None
+
+    def expect(self) -> Callable[[bool], None]:
+        self.pending += 1
+        return self._one
+
+    def _one(self, ok: bool) -> None:
+        self.pending -= 1
+        if not ok:
+            self.failed += 1
+        if not self.pending and self._settled is not None:
+            settled, self._settled = self._settled, None
+            settled()
+
+    def when_settled(self, fn: Callable[[], None]) -> None:
+        if self.pending:
+            self._settled = fn
+        else:
+            fn()
 
 
 class WriteQueues:
@@ -78,7 +125,7 @@ class WriteQueues:
 
     __slots__ = (
         "_admission",
-        "_cascade",
+        "_below",
         "_coherence",
         "_events",
         "_immutable",
@@ -99,7 +146,7 @@ class WriteQueues:
         events: deque[BlockEvent],
         *,
         max_bytes: int,
-        cascade: bool,
+        below: Sequence[int | None],
         notify: Callable[[int], None],
         admission: Sequence[AdmissionPolicy | None] = (),
         immutable: bool = False,
@@ -111,7 +158,7 @@ class WriteQueues:
         self._coherence = coherence
         self._stats = stats
         self._events = events
-        self._cascade = cascade  # write_back: blocks a tier hands over go to the tier below
+        self._below = tuple(below)  # per tier: where the blocks it hands over go (write-back)
         self._notify = notify
         self._staging = staging
         self._queues: list[deque[WriteOp]] = [deque() for _ in names]
@@ -130,7 +177,8 @@ class WriteQueues:
 
     def push(self, ti: int, op: WriteOp) -> bool:
         """Queue ``op`` for tier ``ti``; False when a write is not queued: the tier's admission
-        policy keeps it out, or it is a demotion past the byte bound.
+        policy keeps it out (its ``done`` is told True: the tier was not meant to hold it), or
+        it is a demotion past the byte bound (``done`` is told False).
 
         A write kept out removes any older copy the tier may hold; one dropped for the bound
         leaves the key stale there (never read until a later write or remove succeeds).
@@ -138,6 +186,7 @@ class WriteQueues:
         coherence = self._coherence
         if op.kind is OpKind.WRITE:
             if not self._admits(ti, op.key):
+                _settle(op, True)
                 return False
             assert op.data is not None
             size = len(op.data)
@@ -145,6 +194,7 @@ class WriteQueues:
                 # load shed by design, not a fault of the tier: its own metric, not tier_errors
                 self._stats.count("demotions_dropped", self._names[ti], "backlog")
                 coherence.outcome(ti, op.key, ok=False)
+                _settle(op, False)
                 return False
             self.queued_bytes += size
             coherence.write_queued(ti, op.key)
@@ -167,11 +217,18 @@ class WriteQueues:
         return False
 
     def demote(
-        self, ti: int, k: bytes, data: bytes | memoryview, *, staged: bool = False
+        self,
+        ti: int,
+        k: bytes,
+        data: bytes | memoryview,
+        *,
+        staged: bool = False,
+        done: Callable[[bool], None] | None = None,
     ) -> None:
         """Send a block's newest bytes down to tier ``ti``; served from memory meanwhile.
-        ``staged``: ``data`` is a staging buffer, taken back once the write is over."""
-        if self.push(ti, write(k, data, demotion=True, staged=staged)):
+        ``staged``: ``data`` is a staging buffer, taken back once the write is over; ``done``
+        learns whether the tier took it."""
+        if self.push(ti, write(k, data, demotion=True, staged=staged, done=done)):
             self._coherence.going_down(k, data)
         elif staged and self._staging is not None:
             assert isinstance(data, memoryview)
@@ -221,6 +278,7 @@ class WriteQueues:
             else:
                 self._stats.count("tier_errors", name, "write")
                 coherence.outcome(ti, op.key, ok=False)
+            _settle(op, err is None)
         if nbytes:
             self._stats.count("write_bytes", name, n=nbytes)
         if written:
@@ -228,12 +286,13 @@ class WriteQueues:
         if evicted:
             # a tier being cleared (or whose clear failed) hands nothing down: its blocks are
             # older than the clear
-            if self._cascade and ti + 1 < len(self._names) and coherence.readable_tier(ti):
+            below = self._below[ti]
+            if below is not None and coherence.readable_tier(ti):
                 for k, data in evicted:
                     # deleted, replaced or possibly stale since written here: not handed down
                     if data is None or coherence.removing(ti, k) or coherence.is_stale(ti, k):
                         continue
-                    self.demote(ti + 1, k, data)
+                    self.demote(below, k, data)
             self._events.append(BlockEvent(tuple(k for k, _ in evicted), name, True))
 
     def removes_applied(
@@ -249,8 +308,7 @@ class WriteQueues:
             elif answer:
                 removed.append(op.key)
             self._coherence.outcome(ti, op.key, ok=not failed)
-            if op.done is not None:
-                op.done(answer is True)
+            _settle(op, answer is True)
         if removed:
             self._events.append(BlockEvent(tuple(removed), name, True))
 
@@ -263,6 +321,7 @@ class WriteQueues:
         coherence = self._coherence
         staging = self._staging if released else None
         for op in batch:
+            _settle(op, False)  # never applied (the writer stopped): not taken
             if op.kind is OpKind.WRITE:
                 coherence.write_done(ti, op.key)
                 data = op.data
@@ -290,8 +349,6 @@ class WriteQueues:
             for op in batch:
                 if failed:
                     self._stats.count("tier_errors", self._names[ti], op.kind.value)
-                if op.done is not None:
-                    op.done(False)
             self.finished(ti, batch)
             dropped += len(batch)
         return dropped

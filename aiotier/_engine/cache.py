@@ -1,6 +1,6 @@
 """The await side of the cache API: ``get`` (promote and await, or read around) and ``delete``.
 
-``put`` awaits nothing and is the core's alone.
+``put`` is the core's, and awaits only its write-through writes (``TieringEngine.put``).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._core.engine_core import EngineCore
+from .._core.write_routes import WriteRoutes
 from ..errors import TieringError
 from ..tiers.base import SecondaryTier, TierSetup
 from ..tiers.primary import PrimaryTier
@@ -24,17 +25,15 @@ __all__ = [
 
 
 def tier_setups(
-    block_size: int, tiers: Sequence[SecondaryTier], write_back: bool
+    block_size: int, tiers: Sequence[SecondaryTier], routes: WriteRoutes
 ) -> list[TierSetup]:
-    """What the engine asks of each tier when it opens it. Evicted bytes feed the tier below
-    under write-back; from a tier that keeps them in memory anyway they are also taken with no
-    tier below (its evictions are reported as events either way)."""
+    """What the engine asks of each tier when it opens it. Evicted bytes feed the write-back
+    tier below; from a tier that keeps them in memory anyway they are also taken with none
+    (its evictions are reported as events either way)."""
     return [
         TierSetup(
             block_size,
-            "bytes"
-            if (write_back and i + 1 < len(tiers)) or t.capabilities.cheap_evictions
-            else "keys",
+            "bytes" if routes.below[i] is not None or t.capabilities.cheap_evictions else "keys",
         )
         for i, t in enumerate(tiers)
     ]
@@ -86,13 +85,13 @@ async def write_down_and_close(
     *,
     flush: bool,
 ) -> None:
-    """Queue what must go down before the tiers close (with ``flush``, under write-back, the
-    primary's blocks for the first persistent tier), drain the writers (within twice
+    """Queue what must go down before the tiers close (with ``flush``, the primary's blocks for
+    the first persistent tier when it is write-back), drain the writers (within twice
     ``io_timeout``; what is left is dropped), stop them and close the tiers (a failure to
     close is counted)."""
-    persistent = next((i for i, t in enumerate(tiers) if t.capabilities.persistent), 0)
+    down = core.routes.write_down_to([t.capabilities.persistent for t in tiers])
     with lock:
-        core.copies.at_close(persistent if flush and tiers else None)
+        core.copies.at_close(down if flush else None)
     await writers.drain(io_timeout * 2, discard=True)
     await writers.stop()
 

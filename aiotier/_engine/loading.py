@@ -65,15 +65,16 @@ class Flights:
 
 async def load_through(
     get: Callable[[bytes], Awaitable[bytes | None]],
-    put: Callable[[bytes, bytes], object],
+    put: Callable[[bytes, bytes], Awaitable[object]],
     k: bytes,
     loader: Loader,
 ) -> bytes:
-    """One flight of ``get_or_load``: the tiers (``get``), then the loader, stored (``put``)."""
+    """One flight of ``get_or_load``: the tiers (``get``), then the loader, stored (``put``,
+    awaited: the callers learn the value once write-through tiers hold it)."""
     data = await get(k)
     if data is None:
         data = await call_loader(loader)
-        put(k, data)
+        await put(k, data)
     return data
 
 

@@ -15,6 +15,7 @@ from typing import Any, Final, Literal, TypedDict
 from .._core.admission import AdmissionPolicy
 from .._core.breaker import BreakerPolicy
 from .._core.engine_core import EngineCore
+from .._core.write_routes import WRITE_POLICIES
 from .._validate import check_bool, check_int, check_positive
 from ..errors import ConfigError
 from ..tiers.base import SecondaryTier
@@ -23,7 +24,6 @@ from ..tiers.primary import PrimaryTier
 __all__ = ["EngineArgs", "EngineOptions", "WritePolicy", "build_core", "engine_options"]
 
 WritePolicy = Literal["write_back", "write_through", "none"]
-_WRITE_POLICIES: Final = ("write_back", "write_through", "none")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,8 +31,10 @@ class EngineOptions:
     """The options of :class:`~aiotier.TieringEngine`, checked when built.
 
     Attributes:
-        write_policy: ``"write_back"`` (a block goes down a tier when evicted from the one
-            above), ``"write_through"`` (stored to every tier at once) or ``"none"``.
+        write_policy: For every secondary tier, or per tier as a mapping of tier names
+            (tiers not named: ``"write_back"``): ``"write_back"`` (the tier receives the blocks
+            the tier above it evicts), ``"write_through"`` (it receives every block when it is
+            stored; ``put`` returns once it holds it) or ``"none"`` (never written to).
         promotion_timeout: Seconds a promotion read (and a RETRY for it) may take before the
             key answers MISS.
         max_inflight_promotions: Promotion reads in flight at once.
@@ -53,7 +55,7 @@ class EngineOptions:
             call the tier.
     """
 
-    write_policy: WritePolicy = "write_back"
+    write_policy: WritePolicy | Mapping[str, WritePolicy] = "write_back"
     promotion_timeout: float = 5.0
     max_inflight_promotions: int = 64
     backoff_seconds: float = 1.0
@@ -68,11 +70,7 @@ class EngineOptions:
     breaker: BreakerPolicy | None = BreakerPolicy()  # noqa: RUF009 - frozen, shared safely
 
     def __post_init__(self) -> None:
-        if self.write_policy not in _WRITE_POLICIES:
-            raise ConfigError(
-                f"write_policy must be one of {', '.join(_WRITE_POLICIES)}, "
-                f"got {self.write_policy!r}"
-            )
+        object.__setattr__(self, "write_policy", _check_write_policy(self.write_policy))
         positive = ["promotion_timeout", "backoff_seconds", "open_timeout", "max_promotion_share"]
         positive += [f for f in ("io_timeout", "step_interval") if getattr(self, f) is not None]
         for name in positive:
@@ -95,6 +93,13 @@ class EngineOptions:
         """Seconds each tier call may take: ``io_timeout``, else ``promotion_timeout``."""
         return self.io_timeout if self.io_timeout is not None else self.promotion_timeout
 
+    def write_policies(self, tier_names: Sequence[str]) -> tuple[WritePolicy, ...]:
+        """Each tier's write policy, in order."""
+        policy = self.write_policy
+        if isinstance(policy, str):
+            return (policy,) * len(tier_names)
+        return tuple(policy.get(name, "write_back") for name in tier_names)
+
     def pending_write_bytes(self, primary: PrimaryTier) -> int:
         """``max_pending_write_bytes``, else the primary arena's size (at least 64 MiB)."""
         if self.max_pending_write_bytes is not None:
@@ -105,7 +110,7 @@ class EngineOptions:
 class EngineArgs(TypedDict, total=False):
     """:class:`EngineOptions` as keyword arguments (``TieringEngine(primary, tiers, **args)``)."""
 
-    write_policy: WritePolicy
+    write_policy: WritePolicy | Mapping[str, WritePolicy]
     promotion_timeout: float
     max_inflight_promotions: int
     backoff_seconds: float
@@ -151,7 +156,33 @@ def engine_options(
     for name in o.admission or {}:
         if name not in names:
             raise ConfigError(f"admission names tier {name!r}; the tiers are {', '.join(names)}")
+    for name in o.write_policy if not isinstance(o.write_policy, str) else ():
+        if name == primary.name:
+            raise ConfigError(f"write_policy names the primary {name!r}: it holds every block")
+        if name not in names:
+            below = ", ".join(names[1:]) or "none"
+            raise ConfigError(f"write_policy names tier {name!r}; the secondary tiers are {below}")
     return tiers, o
+
+
+def _check_write_policy(
+    policy: object,
+) -> WritePolicy | dict[str, WritePolicy]:
+    """One policy for every tier, or a mapping of tier names to policies (a copy of it)."""
+    choices = ", ".join(WRITE_POLICIES)
+    if isinstance(policy, str):
+        if policy not in WRITE_POLICIES:
+            raise ConfigError(f"write_policy must be one of {choices}, got {policy!r}")
+        return policy  # type: ignore[return-value]  # checked just above
+    if not isinstance(policy, Mapping):
+        raise TypeError(
+            f"write_policy must be one of {choices}, or a mapping of tier names to them; "
+            f"got {type(policy).__name__}"
+        )
+    for name, p in policy.items():
+        if not isinstance(name, str) or p not in WRITE_POLICIES:
+            raise ConfigError(f"write_policy[{name!r}] must be one of {choices}, got {p!r}")
+    return dict(policy)
 
 
 def _check_admission(
@@ -187,7 +218,7 @@ def build_core(
         primary_name=primary.name,
         tier_names=[t.name for t in tiers],
         hints=[t.contains_hint for t in tiers],
-        write_policy=o.write_policy,
+        write_policy=o.write_policies([t.name for t in tiers]),
         immutable_keys=o.immutable_keys,
         promotion_timeout=o.promotion_timeout,
         backoff_seconds=o.backoff_seconds,

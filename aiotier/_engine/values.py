@@ -24,6 +24,7 @@ from .._core.values import (
     split_value,
     verified,
 )
+from .._core.writeback import WriteAcks
 from .threads import EngineLock
 
 __all__ = ["Values", "looks_like_manifest"]
@@ -53,22 +54,25 @@ class Values:
         #: The largest value a ``put`` takes (its pieces and manifest fill the primary at most).
         self.max_bytes = max_value_bytes(core.arena.num_blocks, core.arena.block_size)
 
-    def put(self, k: bytes, view: memoryview) -> bool:
+    def put(self, k: bytes, view: memoryview, acks: WriteAcks | None = None) -> bool:
         """Store the value ``view`` under ``k``: as one block when it fits one, else as pieces
         and a manifest; False (nothing visible changed) when the primary cannot keep it now.
-        Called with the engine's lock held."""
+        ``acks`` learns the outcome of its write-through writes. Called with the engine's lock
+        held."""
         core = self._core
         block_size = core.arena.block_size
         replaced = self.pieces_of(k)  # a value over several blocks goes whole when replaced
         if not needs_pieces(view, block_size):
-            stored = core.put(k, view)
+            stored = core.put(k, view, acks)
         else:
-            stored = self._put_pieces(k, view, block_size)
+            stored = self._put_pieces(k, view, block_size, acks)
         if stored:
             self.forget(replaced)
         return stored
 
-    def _put_pieces(self, k: bytes, view: memoryview, block_size: int) -> bool:
+    def _put_pieces(
+        self, k: bytes, view: memoryview, block_size: int, acks: WriteAcks | None
+    ) -> bool:
         if block_size < MANIFEST_BYTES:
             raise ValueError(
                 f"value for {k[:64]!r} is {view.nbytes} bytes, block_size is {block_size}: values "
@@ -80,7 +84,7 @@ class Values:
                 f"{self.max_bytes} bytes (num_blocks - 1 blocks of {block_size})"
             )
         manifest, pieces = split_value(view, block_size)
-        return self._core.put_value(k, manifest.encode(), pieces)
+        return self._core.put_value(k, manifest.encode(), pieces, acks)
 
     async def get(self, block: bytes) -> bytes | None:
         """The value whose manifest ``block`` is, or ``block`` itself when it is not a

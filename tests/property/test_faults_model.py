@@ -74,9 +74,19 @@ FIGURES: Counter[str] = Counter()
 class CountingEngine(TieringEngine):
     """Counts the deferred ``get()`` calls: those that ``wait`` inside ``get``, once or twice
     (a second look after the block moved down); each is one anonymous request, observed once.
+    Tells ``stored(key, value)`` the moment a put's synchronous half stored its value: with
+    write-through tiers ``put`` then awaits them, and its False may mean "stored, not taken by
+    every tier", so the model learns the order from here.
     """
 
     get_deferrals = 0
+    stored: Callable[[str, bytes], None] = staticmethod(lambda key, value: None)
+
+    def _put(self, key: Any, data: Any) -> Any:
+        stored, acks = super()._put(key, data)
+        if stored:
+            self.stored(key, data)
+        return stored, acks
 
     async def get(self, key: bytes | str, req: RequestContext | None = None) -> bytes | None:
         waits: list[int] = []
@@ -203,7 +213,7 @@ class FaultsModel(RuleBasedStateMachine):
             upper.fail("remove", 0.1)
             lower.fail("remove", 0.1).hang("remove", 0.01)
         self.tiers = [upper, lower]
-        self.engine = CountingEngine(
+        self.engine = engine = CountingEngine(
             PrimaryTier(NUM_BLOCKS, BLOCK, policy=evict),
             self.tiers,
             write_policy=policy,  # type: ignore[arg-type]
@@ -212,13 +222,14 @@ class FaultsModel(RuleBasedStateMachine):
             backoff_seconds=0.05,
             meter_provider=self.provider,
         )
+        engine.stored = lambda key, value: self.versions.write(key, bytes(value))
         self.run(self.e.open())
 
     # ----------------------------------------------------------------- the operations
 
     async def op_put(self, key: str, value: bytes) -> None:
-        if await self.e.put(key, value):  # put never suspends: the model follows at once
-            self.versions.write(key, value)
+        # the model follows at the moment the value was stored (CountingEngine.stored)
+        if await self.e.put(key, value):
             FIGURES["puts"] += 1
 
     async def op_get(self, key: str, req: RequestContext | None) -> None:
