@@ -45,6 +45,7 @@ def create_app(cache_dir: str) -> Starlette:
     engine = TieringEngine(
         PrimaryTier(64, BLOCK),
         [MemoryTier(16 << 20), SSDTier(cache_dir, 256 << 20)],
+        write_policy={"ssd": "write_through"},  # every stored value survives a restart or crash
         meter_provider=metrics.meter_provider,
     )
 
