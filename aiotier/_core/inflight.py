@@ -85,12 +85,15 @@ class InflightTable:
     def defer(
         self, keys: Iterable[bytes], now: float, batches: Sequence[PromotionBatch] = ()
     ) -> None:
-        """An anonymous call got RETRY for ``keys`` (all in flight) and for every key of
+        """An anonymous call got RETRY for ``keys`` (those still in flight) and for every key of
         ``batches`` (promotions it started, each settled as a whole: see
-        :meth:`settle_deferrals`): one deferral for all."""
+        :meth:`settle_deferrals`): one deferral for all, observed once."""
         keys = list(keys)
         placed = sum(len(b.keys) for b in batches)
         if not keys and not placed:
+            # nothing of it is in flight any more (bytes in transit put back in the primary, or
+            # settled meanwhile): the deferral is over as it begins
+            self._stats.observe("async_delay", 0.0)
             return
         d = Deferral(now, len(keys) + placed)
         for b in batches:

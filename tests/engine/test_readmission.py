@@ -5,8 +5,11 @@ prefixes."""
 
 from __future__ import annotations
 
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
 from aiotier import LookupResult, MemoryTier, PrimaryTier, RequestContext, TieringEngine
-from aiotier.testing import FaultyTier
+from aiotier.testing import FaultyTier, MetricsProbe
 
 HIT, RETRY = LookupResult.HIT, LookupResult.RETRY
 
@@ -27,3 +30,18 @@ async def test_a_readmission_that_evicts_answers_retry_and_the_earlier_hit_stays
         e.complete_load(["a", "c"], req)
         tier.heal()
 
+
+
+async def test_an_anonymous_retry_of_a_readmission_is_observed_once_as_a_deferral() -> None:
+    """Found by the faults model: the RETRY of a key put back from the bytes in transit has
+    nothing in flight to settle, and its deferral was never observed."""
+    tier = FaultyTier(MemoryTier(1 << 20)).delay("write", 30.0)  # demotions stay in transit
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    async with TieringEngine(PrimaryTier(2, 16), [tier], meter_provider=provider) as e:
+        for k in ("a", "b", "c"):
+            assert await e.put(k, k.encode())
+        assert await e.lookup("a") is RETRY  # anonymous: its own request
+        e.end_step()
+        assert MetricsProbe(reader).count("aiotier_lookup_async_delay_seconds") == 1
+        tier.heal()

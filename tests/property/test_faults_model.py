@@ -107,6 +107,15 @@ class CountingEngine(TieringEngine):
         return await super().wait(keys, timeout=timeout)
 
 
+#: per-tier write policies: the upper tier written back and the lower through, the upper only
+#: read (the primary feeds the lower), the upper through and the lower fed by its evictions
+MIXED_POLICIES = [
+    {"lower": "write_through"},
+    {"upper": "none"},
+    {"upper": "write_through", "lower": "write_back"},
+]
+
+
 class Versions:
     """Every value each key has had, in the order the engine applied them (None: absent)."""
 
@@ -183,10 +192,11 @@ class FaultsModel(RuleBasedStateMachine):
         assert self.engine is not None
         return self.engine
 
-    @initialize(policy=st.sampled_from(["write_back", "write_back", "write_through", "none"]),
+    @initialize(policy=st.sampled_from(["write_back", "write_back", "write_through", "none",
+                                        *MIXED_POLICIES]),
                 evict=st.sampled_from(["lru", "arc"]), seed=st.integers(0, 2**16),
                 remove_faults=st.booleans())  # fmt: skip
-    def start(self, policy: str, evict: str, seed: int, remove_faults: bool) -> None:
+    def start(self, policy: Any, evict: str, seed: int, remove_faults: bool) -> None:
         upper = (
             FaultyTier(MemoryTier(5 * BLOCK), seed=seed, name="upper")
             .fail("read", 0.1)
