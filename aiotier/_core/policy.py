@@ -12,10 +12,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from itertools import pairwise
 
-from ..errors import ConfigError
 from .gather import gather
 
-__all__ = ["ARCPolicy", "Evictable", "EvictionPolicy", "LRUPolicy", "make_policy"]
+__all__ = ["ARCPolicy", "Evictable", "EvictionPolicy", "LRUPolicy"]
 
 #: Whether a slot may be evicted now. It may also have ``all(slots) -> bool``, a faster answer
 #: for a run of slots (the block table's has: two C-level gathers), which policies may use.
@@ -286,12 +285,3 @@ class ARCPolicy(EvictionPolicy):
 
     def order(self) -> list[int]:
         return [*self._t1, *self._t2]
-
-
-def make_policy(name: str, num_blocks: int) -> EvictionPolicy:
-    if name == "lru":
-        return LRUPolicy(num_blocks)
-    if name == "arc":
-        return ARCPolicy(num_blocks)
-    raise ConfigError(f"unknown eviction policy {name!r}; expected 'lru' or 'arc'")
-

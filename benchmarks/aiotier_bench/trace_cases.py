@@ -44,7 +44,7 @@ ADMISSIONS: dict[str, Callable[[], AdmissionPolicy]] = {
 }
 #: (eviction policy, admission policy) pairs replayed: every one aiotier ships.
 COMBINATIONS: tuple[tuple[str, str], ...] = tuple(
-    (p, a) for p in ("lru", "arc") for a in ADMISSIONS
+    (p, a) for p in ("lru", "arc", "lfuda") for a in ADMISSIONS
 )
 TIERED_SHARE = 0.05
 QUICK_WINDOW = 500
