@@ -76,13 +76,37 @@ class FrequencySketch:
                     counts[cell] = c + 1
         self._seen += n
         if self._seen >= self._sample:
-            self._counts = counts.translate(_HALF)
-            self._seen //= 2
+            self._halve()
+
+    def increment(self, key: bytes) -> int:
+        """One sighting of ``key``, and its estimate after it (``add`` then ``estimate`` of one
+        key, in one pass)."""
+        counts = self._counts
+        a, b, c, d = self._cells(key)
+        ca, cb, cc, cd = counts[a], counts[b], counts[c], counts[d]
+        if ca < 255:
+            counts[a] = ca = ca + 1
+        if cb < 255:
+            counts[b] = cb = cb + 1
+        if cc < 255:
+            counts[c] = cc = cc + 1
+        if cd < 255:
+            counts[d] = cd = cd + 1
+        self._seen += 1
+        if self._seen >= self._sample:
+            self._halve()
+            return min(ca, cb, cc, cd) >> 1
+        return min(ca, cb, cc, cd)
+
+    def _halve(self) -> None:
+        self._counts = self._counts.translate(_HALF)
+        self._seen //= 2
 
     def estimate(self, key: bytes) -> int:
         """How often ``key`` was seen (recently); never less than the truth."""
         counts = self._counts
-        return min(counts[cell] for cell in self._cells(key))
+        a, b, c, d = self._cells(key)
+        return min(counts[a], counts[b], counts[c], counts[d])
 
 
 class AdmissionPolicy(ABC):

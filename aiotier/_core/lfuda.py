@@ -33,10 +33,10 @@ class LFUDAPolicy(EvictionPolicy):
     A slot's live entry is the one whose tick matches ``_tick[slot]``; touching a slot pushes a
     new entry and leaves the old one stale until it surfaces (or the heap is rebuilt when stale
     entries outnumber live ones). Ties go to the block used least recently. Memory: the sketch's
-    ``16 x num_blocks`` bytes or so, plus a heap entry and two dict entries per resident block.
+    ``16 x num_blocks`` bytes or so, plus a heap entry and three dict entries per resident block.
     """
 
-    __slots__ = ("_age", "_heap", "_key", "_sketch", "_tick", "_ticks")
+    __slots__ = ("_age", "_count", "_heap", "_key", "_sketch", "_tick", "_ticks")
 
     def __init__(self, num_blocks: int) -> None:
         self._sketch = FrequencySketch(HISTORY * max(num_blocks, 1))
@@ -44,6 +44,7 @@ class LFUDAPolicy(EvictionPolicy):
         self._ticks = 0
         self._heap: list[tuple[int, int, int]] = []
         self._key: dict[int, bytes] = {}
+        self._count: dict[int, int] = {}  # the key's count at its last use
         self._tick: dict[int, int] = {}
 
     @property
@@ -51,32 +52,35 @@ class LFUDAPolicy(EvictionPolicy):
         """The priority of the last block evicted: a new block starts at ``age + count``."""
         return self._age
 
-    def _stamp(self, slot: int, key: bytes) -> None:
+    def _stamp(self, slot: int, count: int) -> None:
         self._ticks = t = self._ticks + 1
         self._tick[slot] = t
-        heapq.heappush(self._heap, (self._age + self._sketch.estimate(key), t, slot))
-        if len(self._heap) > 2 * len(self._tick) + 64:
-            self._heap = [e for e in self._heap if self._tick.get(e[2]) == e[1]]
-            heapq.heapify(self._heap)
+        heap = self._heap
+        heapq.heappush(heap, (self._age + count, t, slot))
+        if len(heap) > 2 * len(self._tick) + 64:
+            ticks = self._tick
+            self._heap = heap = [e for e in heap if ticks.get(e[2]) == e[1]]
+            heapq.heapify(heap)
 
     def insert(self, slot: int, key: bytes) -> None:
         self._key[slot] = key
-        self._sketch.add((key,))
-        self._stamp(slot, key)
+        self._count[slot] = count = self._sketch.increment(key)
+        self._stamp(slot, count)
 
     def touch(self, slot: int) -> None:
         key = self._key.get(slot)
         if key is not None:
-            self._sketch.add((key,))
-            self._stamp(slot, key)
+            self._count[slot] = count = self._sketch.increment(key)
+            self._stamp(slot, count)
 
     def refresh(self, slot: int) -> None:
-        key = self._key.get(slot)
-        if key is not None:
-            self._stamp(slot, key)
+        count = self._count.get(slot)
+        if count is not None:
+            self._stamp(slot, count)
 
     def remove(self, slot: int) -> None:
         self._key.pop(slot, None)
+        self._count.pop(slot, None)
         self._tick.pop(slot, None)
 
     def _take(self, n: int, evictable: Evictable) -> tuple[list[tuple[int, int, int]], int]:
@@ -110,7 +114,7 @@ class LFUDAPolicy(EvictionPolicy):
         if victims:
             self._age = max(self._age, popped[n - 1][0])
         for v in victims:
-            del self._key[v], self._tick[v]
+            del self._key[v], self._count[v], self._tick[v]
         return victims
 
     def order(self) -> list[int]:
