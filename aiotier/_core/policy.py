@@ -48,6 +48,11 @@ class EvictionPolicy(ABC):
         """The first use of ``slot``'s block completes now (its store finished): the most
         recent in its place, without counting as a further use (ARC keeps it in T1)."""
 
+    def refresh_many(self, slots: list[int]) -> None:
+        """:meth:`refresh` of each slot, in order (the last one the most recent)."""
+        for slot in slots:
+            self.refresh(slot)
+
     @abstractmethod
     def remove(self, slot: int) -> None:
         """``slot`` left the arena other than by eviction (deleted, failed, replaced)."""
@@ -130,6 +135,20 @@ class LRUPolicy(EvictionPolicy):
             self._link_mru(slot)
 
     refresh = touch  # recency is all LRU knows
+
+    def refresh_many(self, slots: list[int]) -> None:
+        nxt, prv, s, nil = self._next, self._prev, self._sentinel, self._nil
+        for slot in slots:  # touch, inlined: a completed store refreshes every block it wrote
+            if nxt[slot] == nil or prv[s] == slot:
+                continue
+            p, n = prv[slot], nxt[slot]
+            nxt[p] = n
+            prv[n] = p
+            last = prv[s]
+            nxt[last] = slot
+            prv[slot] = last
+            nxt[slot] = s
+            prv[s] = slot
 
     def remove(self, slot: int) -> None:
         if self._next[slot] != self._nil:
