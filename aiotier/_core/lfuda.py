@@ -55,12 +55,15 @@ class LFUDAPolicy(EvictionPolicy):
     def _stamp(self, slot: int, count: int) -> None:
         self._ticks = t = self._ticks + 1
         self._tick[slot] = t
-        heap = self._heap
-        heapq.heappush(heap, (self._age + count, t, slot))
-        if len(heap) > 2 * len(self._tick) + 64:
-            ticks = self._tick
-            self._heap = heap = [e for e in heap if ticks.get(e[2]) == e[1]]
-            heapq.heapify(heap)
+        heapq.heappush(self._heap, (self._age + count, t, slot))
+        self._compact()
+
+    def _compact(self) -> None:
+        """Drop the stale entries once they outnumber the live ones."""
+        heap, ticks = self._heap, self._tick
+        if len(heap) > 2 * len(ticks) + 64:
+            self._heap = [e for e in heap if ticks.get(e[2]) == e[1]]
+            heapq.heapify(self._heap)
 
     def insert(self, slot: int, key: bytes) -> None:
         self._key[slot] = key
@@ -77,6 +80,18 @@ class LFUDAPolicy(EvictionPolicy):
         count = self._count.get(slot)
         if count is not None:
             self._stamp(slot, count)
+
+    def refresh_many(self, slots: list[int]) -> None:
+        counts, ticks, heap, age = self._count, self._tick, self._heap, self._age
+        t = self._ticks
+        for slot in slots:  # _stamp, inlined
+            count = counts.get(slot)
+            if count is not None:
+                t += 1
+                ticks[slot] = t
+                heapq.heappush(heap, (age + count, t, slot))
+        self._ticks = t
+        self._compact()
 
     def remove(self, slot: int) -> None:
         self._key.pop(slot, None)

@@ -260,6 +260,14 @@ class ARCPolicy(EvictionPolicy):
         elif slot in self._t2:
             self._t2.move_to_end(slot)
 
+    def refresh_many(self, slots: list[int]) -> None:
+        t1, t2 = self._t1, self._t2
+        for slot in slots:
+            if slot in t1:
+                t1.move_to_end(slot)
+            elif slot in t2:
+                t2.move_to_end(slot)
+
     def remove(self, slot: int) -> None:
         if self._t1.pop(slot, None) is None:
             self._t2.pop(slot, None)
