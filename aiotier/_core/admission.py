@@ -114,6 +114,8 @@ class AdmissionPolicy(ABC):
 
     #: Whether the engine must report sightings (``saw``); False spares the lookups that cost.
     counts_sightings: bool = True
+    #: Whether ``admit`` looks at its ``victim``; False spares finding the victims.
+    weighs_victims: bool = True
 
     def saw(self, keys: Iterable[bytes]) -> None:  # noqa: B027 - optional hook
         """Each key was named by one call (a sighting)."""
@@ -150,9 +152,15 @@ class AdmitAll(AdmissionPolicy):
     """Every block is admitted (the default for every tier)."""
 
     counts_sightings = False
+    weighs_victims = False
 
     def admit(self, key: bytes, victim: bytes | None) -> bool:
         return True
+
+    def admit_into_primary(
+        self, keys: Sequence[bytes], free: int, victims: Sequence[bytes]
+    ) -> list[bytes]:
+        return list(keys)
 
     def __repr__(self) -> str:
         return "AdmitAll()"
@@ -165,6 +173,8 @@ class AdmitAfter(AdmissionPolicy):
     Sightings live in a :class:`FrequencySketch` of ``capacity`` counters per row (4 bytes
     each): with more distinct keys than that in one window, some keys are admitted early.
     """
+
+    weighs_victims = False
 
     def __init__(self, n: int, *, capacity: int = 1 << 18) -> None:
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:

@@ -272,7 +272,9 @@ class EngineCore:
         if policy is None:
             self.stats.counts[("admissions", name, "admitted")] += len(new)
             return new
-        victims = self.table.eviction_candidates(len(new), protected)
+        victims = (
+            self.table.eviction_candidates(len(new), protected) if policy.weighs_victims else []
+        )
         admitted = policy.admit_into_primary(new, len(self.table.free), victims)
         self.stats.counts[("admissions", name, "admitted")] += len(admitted)
         if len(admitted) < len(new):

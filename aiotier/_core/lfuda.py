@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 
 from .admission import FrequencySketch
-from .policy import Evictable, EvictionPolicy
+from .policy import Evictable, EvictionPolicy, _all_evictable
 
 __all__ = ["LFUDAPolicy"]
 
@@ -70,6 +70,18 @@ class LFUDAPolicy(EvictionPolicy):
         self._count[slot] = count = self._sketch.increment(key)
         self._stamp(slot, count)
 
+    def insert_many(self, slots: list[int], keys: list[bytes]) -> None:
+        increment, known, counts = self._sketch.increment, self._key, self._count
+        ticks, heap, age, t = self._tick, self._heap, self._age, self._ticks
+        for slot, key in zip(slots, keys, strict=True):  # insert, inlined
+            known[slot] = key
+            counts[slot] = count = increment(key)
+            t += 1
+            ticks[slot] = t
+            heapq.heappush(heap, (age + count, t, slot))
+        self._ticks = t
+        self._compact()
+
     def touch(self, slot: int) -> None:
         key = self._key.get(slot)
         if key is not None:
@@ -105,10 +117,16 @@ class LFUDAPolicy(EvictionPolicy):
         taken: list[tuple[int, int, int]] = []
         skipped: list[tuple[int, int, int]] = []
         while heap and len(taken) < n:
-            entry = heapq.heappop(heap)
-            if ticks.get(entry[2]) != entry[1]:
+            run: list[tuple[int, int, int]] = []  # the next live entries, as many as missing
+            while heap and len(run) < n - len(taken):
+                entry = heapq.heappop(heap)
+                if ticks.get(entry[2]) == entry[1]:
+                    run.append(entry)
+            if _all_evictable(evictable, [e[2] for e in run]):  # the common case: one check
+                taken += run
                 continue
-            (taken if evictable(entry[2]) else skipped).append(entry)
+            for entry in run:
+                (taken if evictable(entry[2]) else skipped).append(entry)
         return taken + skipped, len(taken)
 
     def candidates(self, n: int, evictable: Evictable) -> list[int]:

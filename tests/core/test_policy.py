@@ -183,8 +183,8 @@ def test_lfuda_resists_a_scan_that_flushes_lru() -> None:
 
 
 OPS = st.lists(
-    st.tuples(st.sampled_from(["insert", "touch", "refresh", "refresh_many", "remove", "evict",
-                               "peek"]),
+    st.tuples(st.sampled_from(["insert", "insert_many", "touch", "refresh", "refresh_many",
+                               "remove", "evict", "peek"]),
               st.integers(0, 7), st.integers(1, 4), st.frozensets(st.integers(0, 7))),
     max_size=120,
 )  # fmt: skip
@@ -201,7 +201,8 @@ def test_policies_hold_exactly_their_resident_slots_and_never_evict_a_pinned_one
 ) -> None:
     """Random inserts, uses, removals and evictions with random pinned slots: the policy's order
     is always the resident set; evict returns n distinct unpinned residents (what candidates
-    named) or None with nothing changed; refresh_many orders as a refresh of each slot does."""
+    named) or None with nothing changed; insert_many and refresh_many order as an insert or a
+    refresh of each slot does."""
     policy = make_policy(name, 8)
     resident: set[int] = set()
     for op, slot, n, pinned in ops:
@@ -213,6 +214,14 @@ def test_policies_hold_exactly_their_resident_slots_and_never_evict_a_pinned_one
             policy.touch(slot)
         elif op == "refresh" and slot in resident:
             policy.refresh(slot)
+        elif op == "insert_many":
+            fresh = sorted(pinned - resident)
+            twin = copy.deepcopy(policy)
+            for s in fresh:
+                twin.insert(s, b"k%d" % s)
+            policy.insert_many(fresh, [b"k%d" % s for s in fresh])
+            resident.update(fresh)
+            assert policy.order() == twin.order()
         elif op == "refresh_many":
             twin = copy.deepcopy(policy)
             for s in sorted(pinned):  # resident or not: a slot it does not hold is ignored
