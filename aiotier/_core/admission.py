@@ -38,14 +38,16 @@ class FrequencySketch:
 
     __slots__ = ("_counts", "_mask", "_sample", "_seen", "width")
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, *, window: int = 10) -> None:
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             raise ConfigError(f"sketch capacity must be an int >= 1, got {capacity!r}")
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise ConfigError(f"sketch window must be an int >= 1, got {window!r}")
         width = 1 << max(capacity - 1, 1).bit_length()
         self.width = width
         self._mask = width - 1
         self._counts = bytearray(_DEPTH * width)
-        self._sample = 10 * width
+        self._sample = window * width
         self._seen = 0
 
     @property

@@ -94,3 +94,12 @@ def test_bad_arguments_are_refused() -> None:
         AdmitAfter(0)
     with pytest.raises(ConfigError, match="capacity"):
         AdmitTinyLFU(capacity=0)
+    with pytest.raises(ConfigError, match="window must be an int >= 1, got 0"):
+        FrequencySketch(16, window=0)
+
+
+def test_a_shorter_window_halves_sooner() -> None:
+    sketch = FrequencySketch(16, window=2)  # 2 x 16 sightings
+    sketch.add([b"a"] * 31)
+    assert sketch.estimate(b"a") == 31
+    assert sketch.increment(b"a") == 16  # the 32nd: every count halves
