@@ -25,6 +25,7 @@ step (a replay reports them as ``deferrals``).
 **The infinite cache** keeps everything: a block hits when it was referenced before, counted as
 a prefix cache counts (up to the request's first miss).
 """
+
 from __future__ import annotations
 
 import heapq
@@ -89,11 +90,9 @@ def _belady(refs: Sequence[Hashable], capacity: int) -> Iterator[bool]:
         nxt = next_use[i]
         hit = b in resident
         yield hit
-        if hit:
-            pass
-        elif nxt == never or capacity == 0:
+        if not hit and (nxt == never or capacity == 0):
             continue  # never used again: admitting it cannot help
-        elif len(resident) >= capacity:
+        if not hit and len(resident) >= capacity:
             while True:  # the resident block used furthest in the future
                 neg, at = heap[0]
                 victim = refs[at]
