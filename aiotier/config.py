@@ -22,6 +22,7 @@ from typing import Any, Final, Literal
 
 from ._core.admission import AdmissionPolicy, parse_admission
 from ._core.breaker import BreakerPolicy
+from ._core.eviction import POLICIES
 from ._core.write_routes import WRITE_POLICIES
 from .engine import EngineOptions, TieringEngine
 from .errors import ConfigError
@@ -283,6 +284,10 @@ def engine_parts(
     for required in ("num_blocks", "block_size"):
         if required not in primary_args:
             raise ConfigError(f"primary.{required}: required")
+    policy = primary_args.get("policy", "lru")
+    if policy not in POLICIES:
+        expected = ", ".join(repr(n) for n in POLICIES)
+        raise ConfigError(f"primary.policy: expected one of {expected}, got {policy!r}")
     tiers_spec = config.get("tiers", [])
     if not isinstance(tiers_spec, list):
         raise ConfigError("tiers: expected an array of tables")

@@ -216,7 +216,8 @@ def _trace_section(cases: list[dict[str, Any]]) -> list[str]:
         "Request traces replayed through the scheduler path (see [traces](traces.md)): block hit "
         "ratio per capacity (a share of the replayed requests' unique blocks). *Optimum*: "
         "Belady with bypass over the same block references, an upper bound on any policy's "
-        "prefix hit ratio; *best / optimum*: aiotier's best combination at that capacity over "
+        "prefix hit ratio, which a prefix cache that knew the future would reach (the traces' "
+        "ids chain); *best / optimum*: aiotier's best combination at that capacity over "
         "it; *best / vLLM*: over vLLM's better manager in the same run (— where vLLM was not "
         "importable).",
         "",

@@ -28,6 +28,12 @@ def test_mapping_builds_the_engine_it_describes(tmp_path: Path) -> None:
     assert engine.tiers[1].fsync is True
 
 
+def test_every_eviction_policy_is_configurable_by_name() -> None:
+    for name in ("lru", "arc", "lfuda"):
+        engine = engine_from_config({"primary": {**BASE["primary"], "policy": name}})
+        assert engine.primary.policy_name == name
+
+
 def test_toml_file(tmp_path: Path) -> None:
     path = tmp_path / "aiotier.toml"
     path.write_text(
@@ -85,6 +91,7 @@ def test_environment_variables() -> None:
          "engine.breaker: BreakerPolicy.cooldown"),
         ({**BASE, "engine": {"breaker": {"threshold": 2}}}, "engine.breaker.threshold"),
         ({**BASE, "engine": {"breaker": "sometimes"}}, "engine.breaker"),
+        ({"primary": {**BASE["primary"], "policy": "fifo"}}, "primary.policy"),
     ],
 )  # fmt: skip
 def test_errors_name_the_bad_field(config: dict[str, object], field: str) -> None:

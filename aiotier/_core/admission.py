@@ -38,14 +38,16 @@ class FrequencySketch:
 
     __slots__ = ("_counts", "_mask", "_sample", "_seen", "width")
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, *, window: int = 10) -> None:
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             raise ConfigError(f"sketch capacity must be an int >= 1, got {capacity!r}")
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise ConfigError(f"sketch window must be an int >= 1, got {window!r}")
         width = 1 << max(capacity - 1, 1).bit_length()
         self.width = width
         self._mask = width - 1
         self._counts = bytearray(_DEPTH * width)
-        self._sample = 10 * width
+        self._sample = window * width
         self._seen = 0
 
     @property
@@ -76,13 +78,37 @@ class FrequencySketch:
                     counts[cell] = c + 1
         self._seen += n
         if self._seen >= self._sample:
-            self._counts = counts.translate(_HALF)
-            self._seen //= 2
+            self._halve()
+
+    def increment(self, key: bytes) -> int:
+        """One sighting of ``key``, and its estimate after it (``add`` then ``estimate`` of one
+        key, in one pass)."""
+        counts = self._counts
+        a, b, c, d = self._cells(key)
+        ca, cb, cc, cd = counts[a], counts[b], counts[c], counts[d]
+        if ca < 255:
+            counts[a] = ca = ca + 1
+        if cb < 255:
+            counts[b] = cb = cb + 1
+        if cc < 255:
+            counts[c] = cc = cc + 1
+        if cd < 255:
+            counts[d] = cd = cd + 1
+        self._seen += 1
+        if self._seen >= self._sample:
+            self._halve()
+            return min(ca, cb, cc, cd) >> 1
+        return min(ca, cb, cc, cd)
+
+    def _halve(self) -> None:
+        self._counts = self._counts.translate(_HALF)
+        self._seen //= 2
 
     def estimate(self, key: bytes) -> int:
         """How often ``key`` was seen (recently); never less than the truth."""
         counts = self._counts
-        return min(counts[cell] for cell in self._cells(key))
+        a, b, c, d = self._cells(key)
+        return min(counts[a], counts[b], counts[c], counts[d])
 
 
 class AdmissionPolicy(ABC):
@@ -90,6 +116,8 @@ class AdmissionPolicy(ABC):
 
     #: Whether the engine must report sightings (``saw``); False spares the lookups that cost.
     counts_sightings: bool = True
+    #: Whether ``admit`` looks at its ``victim``; False spares finding the victims.
+    weighs_victims: bool = True
 
     def saw(self, keys: Iterable[bytes]) -> None:  # noqa: B027 - optional hook
         """Each key was named by one call (a sighting)."""
@@ -126,9 +154,15 @@ class AdmitAll(AdmissionPolicy):
     """Every block is admitted (the default for every tier)."""
 
     counts_sightings = False
+    weighs_victims = False
 
     def admit(self, key: bytes, victim: bytes | None) -> bool:
         return True
+
+    def admit_into_primary(
+        self, keys: Sequence[bytes], free: int, victims: Sequence[bytes]
+    ) -> list[bytes]:
+        return list(keys)
 
     def __repr__(self) -> str:
         return "AdmitAll()"
@@ -141,6 +175,8 @@ class AdmitAfter(AdmissionPolicy):
     Sightings live in a :class:`FrequencySketch` of ``capacity`` counters per row (4 bytes
     each): with more distinct keys than that in one window, some keys are admitted early.
     """
+
+    weighs_victims = False
 
     def __init__(self, n: int, *, capacity: int = 1 << 18) -> None:
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:

@@ -256,13 +256,11 @@ class EngineCore:
             self.stats.counts[("allocation_failures", "store")] += 1
             return None
         slots, evicted_keys = got
-        deadline = self.clock() + self.promotion_timeout
-        store_deadline = self.inflight.store_deadline
-        for k, slot in zip(new, slots, strict=True):
-            self.pins.pin_store(rs, k, slot)
-            store_deadline[slot] = deadline
-        view = self.arena.slot_view
-        spec = StoreSpec(tuple(slots), tuple(view(s) for s in slots))
+        self.pins.pin_stores(rs, new, slots)
+        self.inflight.store_deadline.update(
+            dict.fromkeys(slots, self.clock() + self.promotion_timeout)
+        )
+        spec = StoreSpec(tuple(slots), tuple(self.arena.slot_views(slots)))
         rs.store_views.hold(new, spec.buffers)
         return PrepareStoreOutput(tuple(new), spec, tuple(evicted_keys))
 
@@ -274,7 +272,9 @@ class EngineCore:
         if policy is None:
             self.stats.counts[("admissions", name, "admitted")] += len(new)
             return new
-        victims = self.table.eviction_candidates(len(new), protected)
+        victims = (
+            self.table.eviction_candidates(len(new), protected) if policy.weighs_victims else []
+        )
         admitted = policy.admit_into_primary(new, len(self.table.free), victims)
         self.stats.counts[("admissions", name, "admitted")] += len(admitted)
         if len(admitted) < len(new):
@@ -303,27 +303,35 @@ class EngineCore:
         rs = self.known_request(req_id)
         self.pins.check_stores(rs, ks)
         rs.store_views.release(ks, latest=False)
-        table = self.table
+        table, index, state = self.table, self.table.index, self.table.state
+        store_deadline = self.inflight.store_deadline
         stored: list[bytes] = []
-        for k, n in zip(ks, lengths, strict=True):
-            slot = self.pins.take_store(rs, k)
+        slots: list[int] = []
+        stored_lengths: list[int] = []
+        settled: list[bytes] = []
+        for k, n, slot in zip(ks, lengths, self.pins.take_stores(rs, ks), strict=True):
             if slot is None:
                 continue  # completes an earlier prepare, which a put or delete superseded
-            self.inflight.store_deadline.pop(slot, None)
-            if table.state[slot] != PENDING or not table.owns(k, slot):
+            store_deadline.pop(slot, None)
+            if state[slot] != PENDING or index.get(k) != slot:
                 continue  # replaced or deleted meanwhile: the newer write wins
+            settled.append(k)
             if success:
-                self.arena.set_length(slot, n)
-                table.mark_ready(slot, clean=False)
-                table.refresh(slot)  # a first use: ARC keeps it among the blocks seen once
                 stored.append(k)
+                slots.append(slot)
+                stored_lengths.append(n)
             else:
                 table.detach(slot)
-            self.settle(k)
+        if slots:
+            self.arena.set_lengths(slots, stored_lengths)
+            table.mark_ready_many(slots, clean=False)
+            table.refresh_many(slots)  # a first use: ARC keeps them among the blocks seen once
+        if settled:
+            self.inflight.settle_many(settled, self.clock())
         if stored:
             self.events.append(BlockEvent(tuple(stored), self.primary_name, False))
-            for k in stored:
-                self.copies.replaced_everywhere(k, table.index[k])
+            for k, slot in zip(stored, slots, strict=True):
+                self.copies.replaced_everywhere(k, slot)
 
     # -- the cache API's synchronous halves --------------------------------------------------------
 

@@ -219,6 +219,16 @@ class PinLedger:
             rs.stale_stores.setdefault(k, []).append(old)
         rs.stores[k] = slot
 
+    def pin_stores(self, rs: RequestState, keys: Sequence[bytes], slots: Sequence[int]) -> None:
+        """:meth:`pin_store` of each pair."""
+        self._table.pin_many(slots)
+        stores = rs.stores
+        for k, slot in zip(keys, slots, strict=True):
+            old = stores.get(k)
+            if old is not None:
+                rs.stale_stores.setdefault(k, []).append(old)
+            stores[k] = slot
+
     def check_stores(self, rs: RequestState, keys: Sequence[bytes]) -> None:
         """``ValueError`` naming a key the request has no store prepared for."""
         if len(set(keys)) != len(keys):
@@ -253,6 +263,22 @@ class PinLedger:
         if not cancelled:
             del rs.cleared_stores[k]
         return None
+
+    def take_stores(self, rs: RequestState, keys: Sequence[bytes]) -> list[int | None]:
+        """:meth:`take_store` of each key (distinct keys): the current prepares' slots are
+        unpinned together."""
+        stale, stores = rs.stale_stores, rs.stores
+        out: list[int | None] = []
+        current: list[int] = []
+        for k in keys:
+            if k in stale or k not in stores:
+                out.append(self.take_store(rs, k))
+            else:
+                slot = stores.pop(k)
+                current.append(slot)
+                out.append(slot)
+        self._table.unpin_many(current)
+        return out
 
     # -- a clear ---------------------------------------------------------------------------------
 

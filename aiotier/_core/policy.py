@@ -12,10 +12,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from itertools import pairwise
 
-from ..errors import ConfigError
 from .gather import gather
 
-__all__ = ["ARCPolicy", "Evictable", "EvictionPolicy", "LRUPolicy", "make_policy"]
+__all__ = ["ARCPolicy", "Evictable", "EvictionPolicy", "LRUPolicy"]
 
 #: Whether a slot may be evicted now. It may also have ``all(slots) -> bool``, a faster answer
 #: for a run of slots (the block table's has: two C-level gathers), which policies may use.
@@ -48,6 +47,11 @@ class EvictionPolicy(ABC):
     def refresh(self, slot: int) -> None:  # noqa: B027 - optional hook
         """The first use of ``slot``'s block completes now (its store finished): the most
         recent in its place, without counting as a further use (ARC keeps it in T1)."""
+
+    def refresh_many(self, slots: list[int]) -> None:
+        """:meth:`refresh` of each slot, in order (the last one the most recent)."""
+        for slot in slots:
+            self.refresh(slot)
 
     @abstractmethod
     def remove(self, slot: int) -> None:
@@ -131,6 +135,20 @@ class LRUPolicy(EvictionPolicy):
             self._link_mru(slot)
 
     refresh = touch  # recency is all LRU knows
+
+    def refresh_many(self, slots: list[int]) -> None:
+        nxt, prv, s, nil = self._next, self._prev, self._sentinel, self._nil
+        for slot in slots:  # touch, inlined: a completed store refreshes every block it wrote
+            if nxt[slot] == nil or prv[s] == slot:
+                continue
+            p, n = prv[slot], nxt[slot]
+            nxt[p] = n
+            prv[n] = p
+            last = prv[s]
+            nxt[last] = slot
+            prv[slot] = last
+            nxt[slot] = s
+            prv[s] = slot
 
     def remove(self, slot: int) -> None:
         if self._next[slot] != self._nil:
@@ -242,6 +260,14 @@ class ARCPolicy(EvictionPolicy):
         elif slot in self._t2:
             self._t2.move_to_end(slot)
 
+    def refresh_many(self, slots: list[int]) -> None:
+        t1, t2 = self._t1, self._t2
+        for slot in slots:
+            if slot in t1:
+                t1.move_to_end(slot)
+            elif slot in t2:
+                t2.move_to_end(slot)
+
     def remove(self, slot: int) -> None:
         if self._t1.pop(slot, None) is None:
             self._t2.pop(slot, None)
@@ -286,12 +312,3 @@ class ARCPolicy(EvictionPolicy):
 
     def order(self) -> list[int]:
         return [*self._t1, *self._t2]
-
-
-def make_policy(name: str, num_blocks: int) -> EvictionPolicy:
-    if name == "lru":
-        return LRUPolicy(num_blocks)
-    if name == "arc":
-        return ARCPolicy(num_blocks)
-    raise ConfigError(f"unknown eviction policy {name!r}; expected 'lru' or 'arc'")
-

@@ -215,6 +215,18 @@ class BlockTable:
         self.state[slot] = READY
         self._clean[slot] = 1 if clean else 0
 
+    def mark_ready_many(self, slots: list[int], *, clean: bool) -> None:
+        """:meth:`mark_ready` of each slot (all of them pending or promoting, else none)."""
+        state = self.state
+        for slot in slots:
+            st = state[slot]
+            if st != PENDING and st != PROMOTING:
+                raise RuntimeError(f"slot {slot} is {SlotState(st).name}, not pending or promoting")
+        flags, flag = self._clean, 1 if clean else 0
+        for slot in slots:
+            state[slot] = READY
+            flags[slot] = flag
+
     def set_clean(self, slot: int, clean: bool) -> None:
         """Whether the first secondary tier holds exactly this slot's bytes."""
         self._clean[slot] = 1 if clean else 0
@@ -226,6 +238,10 @@ class BlockTable:
     def refresh(self, slot: int) -> None:
         """The block in ``slot`` was just stored: its first use, not a further one."""
         self.policy.refresh(slot)
+
+    def refresh_many(self, slots: list[int]) -> None:
+        """:meth:`refresh` of each slot, in order."""
+        self.policy.refresh_many(slots)
 
     def release(self, slot: int) -> None:
         """Return ``slot`` to the free list now."""

@@ -8,7 +8,7 @@ import weakref
 from typing import Any
 
 from .._core.arena import Arena, check_geometry
-from .._core.policy import make_policy
+from .._core.eviction import POLICIES, make_policy
 from .._core.table import BlockTable
 from ..errors import ConfigError
 from .base import TierUsage
@@ -40,8 +40,9 @@ class PrimaryTier:
         shared_memory: bool = False,
         shared_memory_stem: str | None = None,
     ) -> None:
-        if not isinstance(policy, str):
-            raise ConfigError(f"policy must be 'lru' or 'arc', got {policy!r}")
+        if not isinstance(policy, str) or policy not in POLICIES:
+            expected = ", ".join(repr(n) for n in POLICIES)
+            raise ConfigError(f"policy must be one of {expected}, got {policy!r}")
         check_geometry(num_blocks, block_size)
         self._segment: Any = None
         self._release: weakref.finalize[Any, PrimaryTier] | None = None

@@ -28,7 +28,7 @@ from aiotier import (
 
 from .common import Case, Measure
 from .trace_engine import EngineBackend
-from .trace_optimum import infinite_hits, optimum_hits
+from .trace_optimum import infinite_hits, optimum_hits, prefix_optimum_hits
 from .trace_replay import ReplayBackend, ReplayResult, replay
 from .traces import SHIPPED_DIR, Trace, load_trace, shipped_traces
 
@@ -44,7 +44,7 @@ ADMISSIONS: dict[str, Callable[[], AdmissionPolicy]] = {
 }
 #: (eviction policy, admission policy) pairs replayed: every one aiotier ships.
 COMBINATIONS: tuple[tuple[str, str], ...] = tuple(
-    (p, a) for p in ("lru", "arc") for a in ADMISSIONS
+    (p, a) for p in ("lru", "arc", "lfuda") for a in ADMISSIONS
 )
 TIERED_SHARE = 0.05
 QUICK_WINDOW = 500
@@ -110,6 +110,7 @@ async def trace_cases(path: str | Path, window: int | None) -> list[Case]:
     for share in CAPACITY_SHARES:
         capacity = max(1, round(share * unique))
         optimum = optimum_hits(refs, capacity) / len(refs)
+        prefix_optimum = prefix_optimum_hits(trace, capacity) / len(refs)
         count = share == COUNT_SHARE
         vllm: dict[str, dict[str, Any]] = {}
         for p in () if missing else ("lru", "arc"):
@@ -128,6 +129,7 @@ async def trace_cases(path: str | Path, window: int | None) -> list[Case]:
             extra: dict[str, Any] = {
                 **_figures(r, rc),
                 "optimum_hit_ratio": optimum,
+                "optimum_prefix_hit_ratio": prefix_optimum,
                 "infinite_hit_ratio": infinite,
                 "share_of_optimum": r.hit_ratio / optimum if optimum else None,
                 "deferrals": r.deferrals,

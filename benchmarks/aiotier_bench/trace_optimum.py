@@ -8,14 +8,19 @@ again). With equal-sized blocks and every miss costing the same, no policy (onli
 admitting on a miss or not) that holds at most ``capacity`` blocks hits more references of the
 same sequence; prefetching a block before its reference never helps either.
 
-It is an **upper bound** on the block hit ratio of a prefix cache of that capacity replaying the
-same references: a prefix cache counts a block as a hit only while every block before it in the
-request hit too, which can only lose hits against per-block residency. It is not always
-reachable by a prefix cache (the optimum may keep a block whose prefix it dropped). Pins and
-pending stores change nothing in the bound (a replay's primary still holds at most ``capacity``
-blocks). The bound is exact for the order in which a replay looks blocks up; that order is the
-trace's except for requests deferred by a RETRY, which are looked up a step later, behind
-requests that arrived after them in their step (a replay reports them as ``deferrals``).
+It bounds a prefix cache, which counts a block as a hit only while every block before it in the
+request hit too, and **a prefix cache reaches it** when the trace's ids chain (an id always
+follows the same parent, as hashes of a whole prefix do): whenever that schedule holds a block
+it holds the block's parent, so counting its hits up to each request's first miss loses none
+(:func:`prefix_optimum_hits` counts them so). Whenever a block is used again, its parent is
+used just before it, so the parent's next use is sooner: Belady never evicts the parent while
+the child stays, never bypasses the parent and then admits the child, and frees both at their
+last use. Where ids do not chain, :func:`prefix_optimum_hits` is what that schedule gets as a
+prefix cache: a reachable figure below the bound. Pins and pending stores change nothing in the
+bound (a replay's primary still holds at most ``capacity`` blocks). The bound is exact for the
+order in which a replay looks blocks up; that order is the trace's except for requests deferred
+by a RETRY, which are looked up a step later, behind requests that arrived after them in their
+step (a replay reports them as ``deferrals``).
 
 **The infinite cache** keeps everything: a block hits when it was referenced before, counted as
 a prefix cache counts (up to the request's first miss).
@@ -24,11 +29,11 @@ a prefix cache counts (up to the request's first miss).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 
 from .traces import Trace
 
-__all__ = ["infinite_hits", "optimum_hits"]
+__all__ = ["infinite_hits", "optimum_hits", "prefix_optimum_hits"]
 
 
 def infinite_hits(trace: Trace) -> int:
@@ -45,7 +50,26 @@ def infinite_hits(trace: Trace) -> int:
 
 
 def optimum_hits(refs: Sequence[Hashable], capacity: int) -> int:
-    """Belady's MIN with bypass: the most references a cache of ``capacity`` blocks can hit.
+    """Belady's MIN with bypass: the most references a cache of ``capacity`` blocks can hit."""
+    return sum(_belady(refs, capacity))
+
+
+def prefix_optimum_hits(trace: Trace, capacity: int) -> int:
+    """The hits of :func:`optimum_hits`'s schedule counted up to each request's first miss, as
+    a prefix cache counts them: equal to it when the trace's ids chain (see the module)."""
+    hit = _belady(list(trace.references()), capacity)
+    hits = 0
+    for r in trace.requests:
+        whole = True
+        for _ in r.blocks:
+            h = next(hit)
+            whole = whole and h
+            hits += whole
+    return hits
+
+
+def _belady(refs: Sequence[Hashable], capacity: int) -> Iterator[bool]:
+    """Whether each reference hits under Belady's MIN with bypass.
 
     O(n log capacity): the resident blocks sit in a max-heap on their next use, whose stale
     entries (a block re-referenced since, or evicted) are skipped when they surface.
@@ -62,14 +86,13 @@ def optimum_hits(refs: Sequence[Hashable], capacity: int) -> int:
         last[b] = i
     resident: dict[Hashable, int] = {}  # block -> its next use
     heap: list[tuple[int, int]] = []  # (-next use, position of the reference that set it)
-    hits = 0
     for i, b in enumerate(refs):
         nxt = next_use[i]
-        if b in resident:
-            hits += 1
-        elif nxt == never or capacity == 0:
+        hit = b in resident
+        yield hit
+        if not hit and (nxt == never or capacity == 0):
             continue  # never used again: admitting it cannot help
-        elif len(resident) >= capacity:
+        if not hit and len(resident) >= capacity:
             while True:  # the resident block used furthest in the future
                 neg, at = heap[0]
                 victim = refs[at]
@@ -85,4 +108,3 @@ def optimum_hits(refs: Sequence[Hashable], capacity: int) -> int:
         else:
             resident[b] = nxt
             heapq.heappush(heap, (-nxt, i))
-    return hits

@@ -19,6 +19,10 @@ def trace_plot_path(path: str) -> str:
     return str(p.with_name(f"{p.stem}-traces{p.suffix or '.png'}"))
 
 
+_MARKERS = {"lru": "o", "arc": "s", "lfuda": "^"}
+_LINES = {"all": "-", "after:2": "--", "tinylfu": ":"}
+
+
 def plot_traces(doc: dict[str, Any], path: str) -> bool:
     """Write the figure to ``path``; False (nothing written) when ``doc`` has no trace case."""
     cases = [c for c in doc["cases"] if c["name"] == "trace" and not c.get("skipped")]
@@ -48,7 +52,13 @@ def plot_traces(doc: dict[str, Any], path: str) -> bool:
                     lines[f"vLLM {policy}"][share] = fig_["hit_ratio"]
         for label, points in lines.items():
             xs = sorted(points)
-            style: dict[str, Any] = {"marker": "o", "linewidth": 1.2}
+            policy, _, admission = label.partition(", ")
+            # one marker per eviction policy, one line style per admission: legible in grey too
+            style: dict[str, Any] = {
+                "marker": _MARKERS.get(policy, "o"),
+                "linestyle": _LINES.get(admission, "-"),
+                "linewidth": 1.2,
+            }
             if label == "offline optimum":
                 style = {"color": "black", "linestyle": "--", "linewidth": 2}
             elif label == "infinite cache":

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from aiotier import PrimaryTier, TieringEngine
 from aiotier_bench.trace_cases import ADMISSIONS, COMBINATIONS
 from aiotier_bench.trace_engine import EngineBackend
-from aiotier_bench.trace_optimum import infinite_hits, optimum_hits
+from aiotier_bench.trace_optimum import infinite_hits, optimum_hits, prefix_optimum_hits
 from aiotier_bench.trace_replay import ReplayResult, replay
 from aiotier_bench.traces import Trace, TraceError, TraceRequest, load_trace, shipped_traces
 
@@ -146,6 +146,27 @@ def test_no_policy_beats_the_optimum(
     r = asyncio.run(replay_engine(trace, capacity, *combo))
     assert r.hits <= optimum_hits(list(trace.references()), capacity)
     assert r.hits <= infinite_hits(trace)
+
+
+@given(reqs=prefix_requests, capacity=st.integers(0, 6))
+@settings(max_examples=300, deadline=None)
+def test_a_prefix_cache_reaches_the_optimum_when_ids_chain(
+    reqs: list[tuple[int, int, int, int]], capacity: int
+) -> None:
+    """The optimum's schedule holds a block's parent whenever it holds the block, so counting
+    its hits as a prefix cache does (up to each request's first miss) loses none."""
+    trace = trace_of(*(
+        (float(at), [100 * family + i for i in range(length)] + ([1000 + n] if tail else []))
+        for n, (family, length, tail, at) in enumerate(reqs)
+    ))  # fmt: skip
+    refs = list(trace.references())
+    assert prefix_optimum_hits(trace, capacity) == optimum_hits(refs, capacity)
+
+
+def test_where_ids_do_not_chain_a_prefix_cache_can_fall_short_of_the_optimum() -> None:
+    trace = trace_of((0, [1, 2]), (1, [3, 2]))  # block 2 after two different parents
+    assert optimum_hits(list(trace.references()), 1) == 1  # keeps 2 alone
+    assert prefix_optimum_hits(trace, 1) == 0  # 2 follows the miss on 3
 
 
 def write_lines(path: Path, *lines: object) -> Path:

@@ -33,6 +33,16 @@ def test_the_sketch_counts_exactly_without_collisions_and_ages_by_halving() -> N
     assert small.estimate(b"a") == 80
 
 
+@given(st.lists(st.binary(max_size=2), max_size=200))
+def test_increment_is_add_then_estimate(keys: list[bytes]) -> None:
+    """Through a halving too (a window of 10 x 16 sightings)."""
+    one, other = FrequencySketch(16), FrequencySketch(16)
+    for k in keys:
+        other.add([k])
+        assert one.increment(k) == other.estimate(k)
+    assert all(one.estimate(k) == other.estimate(k) for k in keys)
+
+
 def test_the_sketch_keeps_its_size_whatever_it_sees() -> None:
     sketch = FrequencySketch(64)
     rng = random.Random(1)
@@ -84,3 +94,12 @@ def test_bad_arguments_are_refused() -> None:
         AdmitAfter(0)
     with pytest.raises(ConfigError, match="capacity"):
         AdmitTinyLFU(capacity=0)
+    with pytest.raises(ConfigError, match="window must be an int >= 1, got 0"):
+        FrequencySketch(16, window=0)
+
+
+def test_a_shorter_window_halves_sooner() -> None:
+    sketch = FrequencySketch(16, window=2)  # 2 x 16 sightings
+    sketch.add([b"a"] * 31)
+    assert sketch.estimate(b"a") == 31
+    assert sketch.increment(b"a") == 16  # the 32nd: every count halves

@@ -1,10 +1,18 @@
-"""Eviction policies, without an event loop: exact LRU order, atomic evict, ARC adaptation."""
+"""Eviction policies, without an event loop: exact LRU order, atomic evict, ARC adaptation, LFUDA's
+counts and aging, and invariants every policy keeps under random use."""
 
 from __future__ import annotations
 
-import pytest
+import copy
+from collections.abc import Callable
 
-from aiotier._core.policy import ARCPolicy, EvictionPolicy, LRUPolicy, make_policy
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aiotier._core.eviction import make_policy
+from aiotier._core.lfuda import LFUDAPolicy
+from aiotier._core.policy import ARCPolicy, EvictionPolicy, LRUPolicy
 from aiotier.errors import ConfigError
 
 
@@ -51,7 +59,7 @@ def test_lru_skips_unevictable_slots() -> None:
     assert lru.order() == [0, 2]
 
 
-@pytest.mark.parametrize("cls", [LRUPolicy, ARCPolicy])
+@pytest.mark.parametrize("cls", [LRUPolicy, ARCPolicy, LFUDAPolicy])
 def test_evict_is_atomic_when_not_enough_victims(cls: type[EvictionPolicy]) -> None:
     policy = cls(4)  # type: ignore[call-arg]
     for s in range(4):
@@ -98,20 +106,132 @@ def test_arc_adapts_p_on_ghost_hits() -> None:
     assert arc.p < 1.0  # a B2 ghost hit moves p back towards frequency
 
 
-def test_arc_resists_a_scan_that_flushes_lru() -> None:
-    """A hot loop of 6 keys plus a one-off scan of 50: ARC keeps the hot set, LRU loses it."""
+@pytest.mark.parametrize("cls", [ARCPolicy, LFUDAPolicy])
+def test_frequency_resists_a_scan_that_flushes_lru(cls: type[EvictionPolicy]) -> None:
+    """A hot loop of 6 keys plus a one-off scan of 10 a round: ARC and LFUDA keep the hot set,
+    LRU loses it."""
     trace: list[str] = []
     for round_ in range(30):
         trace += [f"hot{i}" for i in range(6)] * 2
         trace += [f"scan{round_}-{i}" for i in range(10)]
     lru = SlotCache(LRUPolicy(8), 8)
-    arc = SlotCache(ARCPolicy(8), 8)
+    other = SlotCache(cls(8), 8)  # type: ignore[call-arg]
     for key in trace:
         lru.access(key)
-        arc.access(key)
-    assert arc.hits > lru.hits * 1.2, (arc.hits, lru.hits)
+        other.access(key)
+    assert other.hits > lru.hits * 1.2, (other.hits, lru.hits)
 
 
 def test_make_policy_rejects_unknown_names() -> None:
-    with pytest.raises(ConfigError, match="'fifo'"):
+    with pytest.raises(ConfigError, match="'fifo'; expected one of 'lru', 'arc', 'lfuda'"):
         make_policy("fifo", 4)
+    assert isinstance(make_policy("lfuda", 4), LFUDAPolicy)
+
+
+def test_lfuda_evicts_the_least_used_first_and_least_recent_among_equals() -> None:
+    lfu = LFUDAPolicy(64)  # a wide sketch: four keys share no counter
+    for s in range(4):
+        lfu.insert(s, b"k%d" % s)
+    lfu.touch(0)
+    lfu.touch(0)
+    lfu.touch(2)
+    lfu.refresh(1)  # a store completing: most recent among equals, not a further use
+    assert lfu.order() == [3, 1, 2, 0]
+    assert lfu.candidates(2, lambda s: s != 3) == [1, 2]
+    assert lfu.evict(2, lambda s: s != 3) == [1, 2]
+    assert lfu.age == 2  # the last victim's priority: 0 + two uses of k2
+    assert lfu.order() == [3, 0]
+
+
+def test_lfuda_keeps_a_key_s_count_after_eviction() -> None:
+    lfu = LFUDAPolicy(64)
+    lfu.insert(0, b"old")
+    lfu.touch(0)
+    lfu.touch(0)
+    assert lfu.evict(1, lambda s: True) == [0]
+    assert lfu.age == 3
+    lfu.insert(0, b"new")
+    lfu.insert(1, b"old")  # comes back with its three uses: 3 + 4
+    assert lfu.order() == [0, 1]
+
+
+def test_lfuda_ages_out_an_old_burst() -> None:
+    """A block used ten times long ago goes once enough newer blocks have been evicted past it;
+    under LFU without aging it would stay for ever."""
+    lfu = SlotCache(LFUDAPolicy(64), 4)
+    for _ in range(10):
+        lfu.access("burst")
+    evicted_at = None
+    for i in range(200):
+        lfu.access(f"new{i}")
+        lfu.access(f"new{i}")  # each newcomer is used twice: priority age + 2
+        if "burst" not in lfu.slot_of:
+            evicted_at = i
+            break
+    assert evicted_at is not None and evicted_at > 3, evicted_at
+
+
+OPS = st.lists(
+    st.tuples(st.sampled_from(["insert", "insert_many", "touch", "refresh", "refresh_many",
+                               "remove", "evict", "peek"]),
+              st.integers(0, 7), st.integers(1, 4), st.frozensets(st.integers(0, 7))),
+    max_size=120,
+)  # fmt: skip
+
+
+def unpinned(pinned: frozenset[int]) -> Callable[[int], bool]:
+    return lambda s: s not in pinned
+
+
+@pytest.mark.parametrize("name", ["lru", "arc", "lfuda"])
+@given(ops=OPS)
+def test_policies_hold_exactly_their_resident_slots_and_never_evict_a_pinned_one(
+    name: str, ops: list[tuple[str, int, int, frozenset[int]]]
+) -> None:
+    """Random inserts, uses, removals and evictions with random pinned slots: the policy's order
+    is always the resident set; evict returns n distinct unpinned residents (what candidates
+    named) or None with nothing changed; insert_many and refresh_many order as an insert or a
+    refresh of each slot does."""
+    policy = make_policy(name, 8)
+    resident: set[int] = set()
+    for op, slot, n, pinned in ops:
+        evictable = unpinned(pinned)
+        if op == "insert" and slot not in resident:
+            policy.insert(slot, b"k%d" % slot)
+            resident.add(slot)
+        elif op == "touch" and slot in resident:
+            policy.touch(slot)
+        elif op == "refresh" and slot in resident:
+            policy.refresh(slot)
+        elif op == "insert_many":
+            fresh = sorted(pinned - resident)
+            twin = copy.deepcopy(policy)
+            for s in fresh:
+                twin.insert(s, b"k%d" % s)
+            policy.insert_many(fresh, [b"k%d" % s for s in fresh])
+            resident.update(fresh)
+            assert policy.order() == twin.order()
+        elif op == "refresh_many":
+            twin = copy.deepcopy(policy)
+            for s in sorted(pinned):  # resident or not: a slot it does not hold is ignored
+                twin.refresh(s)
+            policy.refresh_many(sorted(pinned))
+            assert policy.order() == twin.order()
+        elif op == "remove":
+            policy.remove(slot)
+            resident.discard(slot)
+        elif op == "peek":
+            named = policy.candidates(n, evictable)
+            assert len(named) == min(n, len(resident - pinned))
+            assert set(named) <= resident - pinned
+        elif op == "evict":
+            before = policy.order()
+            named = policy.candidates(n, evictable)
+            victims = policy.evict(n, evictable)
+            if len(resident - pinned) < n:
+                assert victims is None and policy.order() == before
+            else:
+                assert victims == named and len(set(victims)) == n
+                assert not set(victims) & pinned and set(victims) <= resident
+                resident -= set(victims)
+        assert sorted(policy.order()) == sorted(resident)

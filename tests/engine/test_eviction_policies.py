@@ -96,3 +96,10 @@ async def test_a_ghost_hit_makes_arc_favour_recency() -> None:
         assert await store(e, "d") == (b"b",)  # T1 is over its target 0: its oldest goes
         assert await store(e, "b") == (b"c",)  # b was a ghost of T1: it returns into T2
         assert await store(e, "x") == (b"a",)  # T1 (d) is at its new target: T2's oldest goes
+
+
+async def test_lfuda_is_the_same_through_the_scheduler_and_the_cache_api() -> None:
+    """A hit looked up, loaded and touched is one use, as a ``get`` is: the counts agree."""
+    lfuda = await hits_through_the_scheduler("lfuda")
+    assert lfuda == await hits_through_put_and_get("lfuda")
+    assert lfuda > await hits_through_the_scheduler("lru") * 1.2  # the scan does not flush it

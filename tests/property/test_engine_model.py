@@ -48,7 +48,7 @@ class EngineModel(RuleBasedStateMachine):
         return self.loop.run_until_complete(coro)
 
     @initialize(policy=st.sampled_from(["write_back", "write_back", "write_through", "none"]),
-                evict=st.sampled_from(["lru", "arc"]),
+                evict=st.sampled_from(["lru", "arc", "lfuda"]),
                 admit=st.sampled_from(["all", "primary", "below", "both"]))  # fmt: skip
     def start(self, policy: str, evict: str, admit: str) -> None:
         self.policy = policy

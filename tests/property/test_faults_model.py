@@ -194,7 +194,7 @@ class FaultsModel(RuleBasedStateMachine):
 
     @initialize(policy=st.sampled_from(["write_back", "write_back", "write_through", "none",
                                         *MIXED_POLICIES]),
-                evict=st.sampled_from(["lru", "arc"]), seed=st.integers(0, 2**16),
+                evict=st.sampled_from(["lru", "arc", "lfuda"]), seed=st.integers(0, 2**16),
                 remove_faults=st.booleans())  # fmt: skip
     def start(self, policy: Any, evict: str, seed: int, remove_faults: bool) -> None:
         upper = (
