@@ -13,6 +13,7 @@ __all__ = [
     "check_positive",
     "check_req",
     "check_str",
+    "check_ttl",
     "str_ids",
     "value_data",
 ]
@@ -25,6 +26,17 @@ def check_positive(field: str, value: object, *, allow_zero: bool = False) -> fl
     if value < 0 or (value == 0 and not allow_zero) or value != value:
         raise ConfigError(f"{field} must be > 0, got {value!r}")
     return float(value)
+
+
+def check_ttl(value: object, field: str = "ttl") -> float | None:
+    """A TTL: None (none) or a finite number of seconds > 0; ``TypeError`` / ``ValueError``
+    (``ConfigError``) naming ``field`` otherwise."""
+    if value is None:
+        return None
+    ttl = check_positive(field, value)
+    if ttl == float("inf"):
+        raise ConfigError(f"{field} must be a finite number of seconds, got {value!r}")
+    return ttl
 
 
 def check_int(field: str, value: object, *, minimum: int = 1) -> int:

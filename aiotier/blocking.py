@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from ._engine.values import looks_like_manifest
+from ._engine.values import has_head
 from ._types import (
     BlockEvent,
     LoadSpec,
@@ -218,16 +218,22 @@ class BlockingEngine:
         """:meth:`TieringEngine.get`; a resident block is copied in the caller's thread."""
         if _running_loop() is None:
             data = self.engine._now.cached(key, req)
-            if data is not None and not looks_like_manifest(data):
-                return data
+            if data is not None:
+                if not has_head(data):
+                    return data
+                value = self.engine._values.inline(data)  # a small value with a TTL, live
+                if value is not None:
+                    return value
         return self._call(self.engine.get, key, req)
 
-    def put(self, key: bytes | str, data: bytes | bytearray | memoryview) -> bool:
+    def put(
+        self, key: bytes | str, data: bytes | bytearray | memoryview, *, ttl: float | None = None
+    ) -> bool:
         """:meth:`TieringEngine.put`: stored from the caller's thread; with write-through
         tiers, their writes are awaited on the engine's loop."""
         if self.engine.core.routes.through:
             _refuse_inside_a_loop("put")  # it waits for the loop
-        stored, acks = self.engine._put(key, data)
+        stored, acks = self.engine._put(key, data, self.engine._ttl(ttl))
         if acks is None or not stored:
             return stored
         return self._call(self.engine._acknowledged, acks)

@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
+from ._validate import check_ttl
+
 if TYPE_CHECKING:
     from .engine import TieringEngine
 
@@ -72,6 +74,7 @@ def cached(
     *,
     key: Callable[..., str | bytes] | None = None,
     codec: Codec[Any] = BYTES,
+    ttl: float | None = None,
 ) -> Callable[[Callable[_P, Awaitable[_T]]], Callable[_P, Awaitable[_T]]]:
     """Decorate an async function so its results are kept in ``engine``.
 
@@ -79,8 +82,10 @@ def cached(
     with equal arguments run the function once, a failure reaches every caller waiting on it
     and is not cached. The key is ``key(*args, **kwargs)`` when given, else the function's
     module and name and a digest of its arguments (which must then be JSON values). Results
-    go through ``codec`` (default: bytes-like results as they are).
+    go through ``codec`` (default: bytes-like results as they are). ``ttl``: seconds a result
+    is served (default: the engine's ``default_ttl``), checked here, when decorating.
     """
+    check_ttl(ttl)
 
     def decorate(fn: Callable[_P, Awaitable[_T]]) -> Callable[_P, Awaitable[_T]]:
         @functools.wraps(fn)
@@ -90,7 +95,8 @@ def cached(
             async def load() -> bytes:
                 return codec.encode(await fn(*args, **kwargs))
 
-            return codec.decode(await engine.get_or_load(k, load))  # type: ignore[no-any-return]
+            value = await engine.get_or_load(k, load, ttl=ttl)
+            return codec.decode(value)  # type: ignore[no-any-return]
 
         return wrapper
 

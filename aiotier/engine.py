@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, Final, Unpack
@@ -39,7 +39,7 @@ from ._engine.reads import TierReads
 from ._engine.status import EngineStats, EngineStatus, TierHealth
 from ._engine.stepping import StepExport
 from ._engine.threads import CallerThreadAnswers, EngineLock
-from ._engine.values import Values, looks_like_manifest
+from ._engine.values import Values, has_head
 from ._engine.writers import Writers
 from ._types import (
     BlockEvent,
@@ -50,7 +50,7 @@ from ._types import (
     normalize_key,
     normalize_keys,
 )
-from ._validate import check_positive, check_req, str_ids, value_data
+from ._validate import check_positive, check_req, check_ttl, str_ids, value_data
 from .errors import ConfigError, TieringError
 from .telemetry import Telemetry
 from .tiers.base import SecondaryTier
@@ -104,6 +104,8 @@ class TieringEngine:
             io_timeout=o.tier_timeout,
         )
         self._values = Values(core, len(tiers), guard, self._cache.get)
+        if o.default_ttl is not None:
+            self._values.check_ttl_fits(o.default_ttl)
         self._status = status = EngineStatus(
             core, primary, tiers, guard, breakers, lambda: self._opened and not core.closed
         )
@@ -123,6 +125,8 @@ class TieringEngine:
         self._index = primary.table.index
         self._state = primary.table.state
         self._all_ready = primary.table.all_ready
+        # slots holding a block with a TTL (most slots have none: one membership test)
+        self._expiring = primary.table.deadlines.at
         self._stats = core.stats
         # open, not closed, and no admission policy counting sightings: the only state the
         # primary-hit fast paths check (with sightings to count, hits take the slow path);
@@ -189,7 +193,10 @@ class TieringEngine:
         self._opened = True
         self._guard.bind()
         self._fast = self._now.fast = not self._core.sightings
-        self._core.count_tier_evictions_from([t.usage().evictions for t in self.tiers])
+        usages = [t.usage() for t in self.tiers]
+        self._core.count_tier_evictions_from(
+            [u.evictions for u in usages], [u.expirations for u in usages]
+        )
         assert self._writers is not None
         self._writers.start()
         if o.step_interval is not None:
@@ -256,6 +263,7 @@ class TieringEngine:
         if (
             slot is not None
             and self._state[slot] == READY
+            and slot not in self._expiring
             and exclude_tier is None
             and (req is None or req.__class__ is RequestContext)
             and self._fast
@@ -269,6 +277,7 @@ class TieringEngine:
             rs = self._request(req)
             if self._core.sightings:
                 self._core.saw([k])
+            self._core.expiry.check((k,))  # past its TTL: absent from here on
             if self._core.table.ready_slot(k) is not None:  # a str key hits here
                 self._stats.primary_hit += 1
                 return _HIT
@@ -285,7 +294,12 @@ class TieringEngine:
         The scan goes on past a RETRY, so the promotions of later keys start at once.
         """
         keys = _key_sequence(keys, req)
-        if self._fast and _only_bytes(keys) and self._all_ready(keys):  # type: ignore[arg-type]
+        if (
+            self._fast
+            and not self._expiring  # blocks with a TTL: the slow path checks their deadlines
+            and _only_bytes(keys)
+            and self._all_ready(keys)  # type: ignore[arg-type]
+        ):
             # all hits (a miss, a str key or a bad one goes the slow way: it answers or names it)
             n = len(keys)
             self._stats.primary_hit += n
@@ -307,7 +321,12 @@ class TieringEngine:
         """
         keys = _key_sequence(keys, req)
         check_positive("timeout", timeout, allow_zero=True)
-        if self._fast and _only_bytes(keys) and self._all_ready(keys):  # type: ignore[arg-type]
+        if (
+            self._fast
+            and not self._expiring
+            and _only_bytes(keys)
+            and self._all_ready(keys)  # type: ignore[arg-type]
+        ):
             ready = len(keys)
             self._stats.primary_hit += ready
         else:
@@ -414,8 +433,9 @@ class TieringEngine:
         """The value's bytes: from the primary, or promoted from a tier and awaited; else None.
 
         A value stored over several blocks comes back whole or not at all (None when a piece
-        is gone). ``get`` counts as its own anonymous request for the metrics (one lookup per
-        block it reads); it pins a block only while it waits for it and copies it out.
+        is gone); one past its TTL is None, wherever it was found. ``get`` counts as its own
+        anonymous request for the metrics (one lookup per block it reads); it pins a block only
+        while it waits for it and copies it out.
         """
         k = normalize_key(key)
         check_req(req)  # a get is observed as its own anonymous request: no state kept
@@ -426,15 +446,17 @@ class TieringEngine:
         self._guard.check_loop()
         try:
             data = await self._cache.get(k)
-            if data is not None and looks_like_manifest(data):
-                return await self._values.get(data)
+            if data is not None and has_head(data):
+                return await self._values.get(k, data)
             return data
         finally:
             self._export.flush_if_full()
 
-    async def get_or_load(self, key: bytes | str, loader: Loader) -> bytes:
+    async def get_or_load(
+        self, key: bytes | str, loader: Loader, *, ttl: float | None = None
+    ) -> bytes:
         """The block's bytes as ``get`` finds them; on a miss everywhere, ``await loader()``,
-        stored as by ``put`` and returned.
+        stored as by ``put`` (with ``ttl``) and returned.
 
         Single flight: concurrent callers of a key that misses the primary share one look
         through the tiers and at most one call of ``loader`` (the first caller's). A loader
@@ -446,17 +468,33 @@ class TieringEngine:
         """
         if not callable(loader):
             raise TypeError(f"get_or_load: loader must be an async callable, got {loader!r}")
+        expires = self.options.default_ttl if ttl is None else self._ttl(ttl)
         data = self._now.cached(key, None)  # a primary hit starts no task
-        if data is not None and not looks_like_manifest(data):
-            return data
+        if data is not None:
+            if not has_head(data):
+                return data
+            value = self._values.inline(data)  # a small value with a TTL, live
+            if value is not None:
+                return value
         k = normalize_key(key)
         with self._guard.lock:
             self._check_open()
         self._guard.check_loop()
-        return await self._flights.join(k, lambda: load_through(self.get, self.put, k, loader))
 
-    async def put(self, key: bytes | str, data: bytes | bytearray | memoryview) -> bool:
+        def store(k: bytes, data: bytes) -> Awaitable[bool]:
+            return self._store(k, data, expires)
+
+        return await self._flights.join(k, lambda: load_through(self.get, store, k, loader))
+
+    async def put(
+        self, key: bytes | str, data: bytes | bytearray | memoryview, *, ttl: float | None = None
+    ) -> bool:
         """Store ``data`` in the primary, replacing the key everywhere; False when no room.
+
+        ``ttl`` (seconds > 0; default ``default_ttl``): past it the value is a MISS for
+        ``get``, ``get_or_load``, ``lookup`` and ``lookup_prefix`` on every tier, and its space
+        is reclaimed (docs/web-cache.md, "Expiry"); the scheduler protocol's blocks
+        (``prepare_store``/``complete_store``) never expire.
 
         A value larger than ``block_size`` is stored over several blocks (up to
         ``max_value_bytes``; larger raises ``ValueError``): its pieces first, then one block
@@ -470,7 +508,13 @@ class TieringEngine:
         but it is not durable there.
         """
         self._guard.check_loop()
-        stored, acks = self._put(key, data)
+        return await self._store(key, data, self._ttl(ttl))
+
+    async def _store(
+        self, key: bytes | str, data: bytes | bytearray | memoryview, ttl: float | None
+    ) -> bool:
+        """``put`` with its ``ttl`` checked: stored, then write-through writes awaited."""
+        stored, acks = self._put(key, data, ttl)
         if acks is None or not stored:
             return stored
         return await self._acknowledged(acks)
@@ -498,18 +542,27 @@ class TieringEngine:
         all its pieces and the block naming them at once)."""
         return self._values.max_bytes
 
+    def _ttl(self, ttl: object) -> float | None:
+        """A call's ``ttl`` checked (``default_ttl`` when None), as seconds or None."""
+        seconds = check_ttl(ttl) if ttl is not None else self.options.default_ttl
+        if seconds is not None:
+            self._values.check_ttl_fits(seconds)
+        return seconds
+
     def _put(
-        self, key: bytes | str, data: bytes | bytearray | memoryview
+        self, key: bytes | str, data: bytes | bytearray | memoryview, ttl: float | None = None
     ) -> tuple[bool, WriteAcks | None]:
         """The synchronous half of ``put`` (a caller's thread can run it: ``BlockingEngine``):
-        whether the primary took the value, and the write-through writes to await."""
+        whether the primary took the value, and the write-through writes to await. ``ttl``
+        is checked already (:meth:`_ttl`)."""
         k = normalize_key(key)
         check_value_key(k)
         view = value_data(k, data)
         acks = WriteAcks() if self._core.routes.through else None
         with self._guard.lock:
             self._check_open()
-            return self._values.put(k, view, acks), acks
+            expires_at = None if ttl is None else self._core.expiry.wall_clock() + ttl
+            return self._values.put(k, view, acks, expires_at), acks
 
     async def delete(self, key: bytes | str) -> bool:
         """Remove the value from every tier; True if any tier had it.

@@ -32,3 +32,10 @@ async def test_the_large_value_case_reads_the_value_it_put() -> None:
     doc = case.to_json()
     assert doc["params"] == {"value_bytes": 1 << 20, "block_size": 65536, "pieces": 16}
     assert doc["aiotier"] > 0 and doc["put_us"] > 0
+
+
+async def test_the_ttl_case_reports_hits_with_and_without_ttl() -> None:
+    (case,) = await cache.run(True, ("cache_ttl",))
+    doc = case.to_json()
+    assert doc["aiotier"] > 0 and doc["floor"]["value"] > 0 and doc["ratio_to_floor"] > 0
+    assert doc["get_us"] > 0 and doc["get_ttl_us"] > 0 and doc["get_ttl_ratio"] > 0

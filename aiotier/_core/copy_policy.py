@@ -21,6 +21,7 @@ from .coherence import Coherence
 from .staging import StagingBuffers
 from .stats import StepStats
 from .table import READY, BlockTable, Evictions, SlotState
+from .values import block_expiry
 from .write_routes import WriteRoutes
 from .writeback import WriteAcks, WriteQueues, remove, write
 
@@ -131,7 +132,9 @@ class CopyPolicy:
         if got is None:
             self._stats.counts[("allocation_failures", "promotion")] += 1
             return None
-        self._arena.write(got[0][0], data)
+        slot = got[0][0]
+        self._arena.write(slot, data)
+        self._table.deadlines.arm(slot, block_expiry(k, data))
         return len(got[1])
 
     def replaced_everywhere(

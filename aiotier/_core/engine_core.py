@@ -28,6 +28,7 @@ from .answers import Answers
 from .arena import Arena
 from .coherence import Coherence, Hint
 from .copy_policy import CopyPolicy
+from .expiry import Expiry
 from .inflight import InflightTable
 from .pins import PinLedger, PromotionShare
 from .promotion import Promotions
@@ -41,13 +42,17 @@ from .writeback import WriteAcks, WriteQueues, remove
 __all__ = ["EngineCore"]
 
 MAX_EVENTS: Final = 65_536
+#: Expired primary slots reclaimed per step boundary at most (bounded work per step).
+RECLAIM_PER_STEP: Final = 1024
 
 
 class EngineCore:
     """Blocks in a primary arena over ``len(tier_names)`` secondary tiers, as plain state.
 
     ``hints`` are the tiers' ``contains_hint`` (called synchronously; they do no I/O);
-    ``notify(ti)`` is called when an op is queued for tier ``ti``; ``clock`` gives seconds.
+    ``notify(ti)`` is called when an op is queued for tier ``ti``; ``clock`` gives seconds;
+    ``wall_clock`` gives unix seconds, for blocks' expiry; ``tier_expiry[ti]`` says whether tier
+    ``ti`` honours expiry itself.
     """
 
     def __init__(
@@ -71,6 +76,8 @@ class EngineCore:
         tier_admission: Sequence[AdmissionPolicy | None] = (),
         notify: Callable[[int], None] = lambda ti: None,
         clock: Callable[[], float] = time.perf_counter,
+        wall_clock: Callable[[], float] = time.time,
+        tier_expiry: Sequence[bool] = (),
     ) -> None:
         self.arena = arena
         self.table = table
@@ -153,7 +160,22 @@ class EngineCore:
             self.tier_names,
             max_inflight_promotions,
         )
+        #: blocks with a TTL: their deadlines in the primary, and what is past them dropped
+        self.expiry = Expiry(
+            table,
+            self.coherence,
+            self.stats,
+            self.events,
+            primary_name=primary_name,
+            tier_names=self.tier_names,
+            tier_expiry=tier_expiry,
+            forget=self.forget,
+            remove=lambda ti, k: self.writes.push(ti, remove(k)),
+            wall_clock=wall_clock,
+        )
+        self.promotions.expiry = self.expiry
         self._tier_evictions = [0] * len(self.tier_names)
+        self._tier_expirations = [0] * len(self.tier_names)
 
     @property
     def closed(self) -> bool:
@@ -336,10 +358,15 @@ class EngineCore:
     # -- the cache API's synchronous halves --------------------------------------------------------
 
     def put(
-        self, k: bytes, data: bytes | bytearray | memoryview, acks: WriteAcks | None = None
+        self,
+        k: bytes,
+        data: bytes | bytearray | memoryview,
+        acks: WriteAcks | None = None,
+        expires_at: float | None = None,
     ) -> bool:
         """Store ``data`` in the primary, replacing ``k`` everywhere; False when no room.
-        ``acks`` learns the outcome of each write-through write."""
+        ``acks`` learns the outcome of each write-through write; ``expires_at``: the block's
+        deadline (its bytes carry it too)."""
         table = self.table
         slot = table.index.get(k)
         if slot is not None and table.state[slot] == READY and table.pins[slot] == 0:
@@ -354,6 +381,7 @@ class EngineCore:
                 return False
             (slot,), _ = got
             self.arena.write(slot, data)
+        self.expiry.deadlines.arm(slot, expires_at)
         self.events.append(BlockEvent((k,), self.primary_name, False))
         self.copies.replaced_everywhere(k, slot, acks=acks)
         return True
@@ -364,10 +392,12 @@ class EngineCore:
         head: bytes,
         pieces: Sequence[tuple[bytes, memoryview]],
         acks: WriteAcks | None = None,
+        expires_at: float | None = None,
     ) -> bool:
         """Store a value's ``pieces`` (keys never used before) and then ``head``, the block
         naming them, under ``k``: one allocation, so none of them evicts another, and all or
-        nothing (False, changing nothing, when the primary cannot hold them all now)."""
+        nothing (False, changing nothing, when the primary cannot hold them all now).
+        ``expires_at``: the deadline of every one of them."""
         old = self.table.index.get(k)
         keys = [pk for pk, _ in pieces]
         keys.append(k)
@@ -385,6 +415,9 @@ class EngineCore:
             replaced(pk, slot, fresh=True, acks=acks)
         write(slots[-1], head)
         replaced(k, slots[-1], acks=acks)
+        if expires_at is not None:
+            for slot in slots:
+                self.expiry.deadlines.arm(slot, expires_at)
         self.events.append(BlockEvent(tuple(keys), self.primary_name, False))
         return True
 
@@ -460,12 +493,15 @@ class EngineCore:
         into the primary if there is room), counted as a primary hit; None otherwise.
 
         Bytes on their way down are the newest unless a store of the key is pending or a
-        promotion of it in flight: then those are awaited instead.
+        promotion of it in flight: then those are awaited instead. A block past its deadline
+        is dropped here and answers None.
         """
+        if self.table.deadlines.at:  # blocks with a TTL: one past its deadline goes now
+            self.expiry.check((k,))
         data = self.copy_ready(k)
         if data is None and k not in self.table.index:
             down = self.coherence.in_transit.get(k)
-            if down is not None:
+            if down is not None and self.expiry.live(k, down):
                 self.copies.readmit(k, down)
                 data = bytes(down)
         if data is not None:
@@ -521,6 +557,7 @@ class EngineCore:
                     if k is not None:
                         self.inflight.settle(k, now)
         self.coherence.prune_backoff()
+        self.expiry.reclaim(RECLAIM_PER_STEP)
         if self.staging is not None:
             self.staging.trim()
 
@@ -539,14 +576,22 @@ class EngineCore:
         self.events.clear()
         return out
 
-    def take_step(self, tier_evictions: Sequence[int] = ()) -> StepSnapshot:
-        """Hand this step's metric buffers over (adding each tier's own evictions since the
-        last call, from its monotonic ``usage().evictions``) and add them to the totals."""
+    def take_step(
+        self, tier_evictions: Sequence[int] = (), tier_expirations: Sequence[int] = ()
+    ) -> StepSnapshot:
+        """Hand this step's metric buffers over (adding each tier's own evictions and
+        expirations since the last call, from its monotonic ``usage()`` counts) and add them
+        to the totals."""
         for ti, n in enumerate(tier_evictions):
             grown = n - self._tier_evictions[ti]
             if grown > 0:
                 self.stats.counts[("evictions", self.tier_names[ti])] += grown
             self._tier_evictions[ti] = n
+        for ti, n in enumerate(tier_expirations):
+            grown = n - self._tier_expirations[ti]
+            if grown > 0:
+                self.stats.counts[("expirations", self.tier_names[ti])] += grown
+            self._tier_expirations[ti] = n
         snap = self.stats.take()
         self.totals.merge(snap.counts)
         return snap
@@ -557,9 +602,13 @@ class EngineCore:
         out.update(self.stats.peek_counts())
         return out
 
-    def count_tier_evictions_from(self, tier_evictions: Sequence[int]) -> None:
-        """Each tier's ``usage().evictions`` when the engine opened: only growth after it counts."""
+    def count_tier_evictions_from(
+        self, tier_evictions: Sequence[int], tier_expirations: Sequence[int] = ()
+    ) -> None:
+        """Each tier's ``usage().evictions`` (and ``expirations``) when the engine opened: only
+        growth after it counts."""
         self._tier_evictions = list(tier_evictions)
+        self._tier_expirations = list(tier_expirations) or [0] * len(self.tier_names)
 
     # -- closing ---------------------------------------------------------------------------------
 

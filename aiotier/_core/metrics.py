@@ -82,6 +82,10 @@ METRICS: tuple[MetricDef, ...] = (
               ("tier",), "Bytes written to a secondary tier (demotions, write-through)."),
     MetricDef("evictions", "aiotier.evictions", "aiotier_evictions_total", _C, "1",
               ("tier",), "Blocks evicted by a tier's policy or budget."),
+    MetricDef("expirations", "aiotier.expirations", "aiotier_expirations_total", _C, "1",
+              ("tier",),
+              "Blocks dropped because they were past their TTL (found by the engine, or by a "
+              "tier that expires blocks itself and counts it)."),
     MetricDef("tier_errors", "aiotier.tier_errors", "aiotier_tier_errors_total", _C, "1",
               ("tier", "op"), "Tier operations that raised, timed out or returned corrupt bytes."),
     MetricDef("admissions", "aiotier.admissions", "aiotier_admissions_total", _C, "1",

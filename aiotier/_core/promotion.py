@@ -24,6 +24,7 @@ from .answers import Answers
 from .arena import Arena
 from .coherence import Coherence
 from .copy_policy import CopyPolicy
+from .expiry import Expiry
 from .inflight import InflightTable, PromotionBatch
 from .pins import PinLedger
 from .requests import RequestState
@@ -65,6 +66,7 @@ class Promotions:
         "_table",
         "_tier_names",
         "closed",
+        "expiry",
         "in_flight",
         "max_in_flight",
     )
@@ -98,6 +100,8 @@ class Promotions:
         self.in_flight: set[PromotionBatch] = set()
         #: set when the engine starts closing: lookups suspended in a tier start no promotion
         self.closed = False
+        #: blocks with a TTL: past their deadline, a key answers as absent; landing arms it
+        self.expiry: Expiry | None = None
 
     # -- the lookup ------------------------------------------------------------------------------
 
@@ -111,6 +115,8 @@ class Promotions:
         hold: bool = True,
     ) -> LookupScan:
         """Answer from the primary; the keys it cannot answer are left ``open`` for the tiers."""
+        if self.expiry is not None:
+            self.expiry.check(keys)
         stats = self._stats
         scan = LookupScan(keys, rs, exclude, prefix=prefix, hold=hold)
         results, protected, need = scan.results, scan.protected, scan.need
@@ -462,6 +468,8 @@ class Promotions:
         counts = self._stats.counts
         counts[("promotions", name, "ok")] += len(slots)
         counts[("read_bytes", name)] += sum(lengths)
+        if self.expiry is not None:
+            self.expiry.landed(batch.tier, keys, slots, self._arena)
 
     def release_read_pins(self, slots: Sequence[int]) -> None:
         """The reads into ``slots`` stopped: their slots may be reused."""

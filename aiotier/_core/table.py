@@ -17,6 +17,7 @@ from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
+from .deadlines import Deadlines
 from .gather import gather
 from .policy import EvictionPolicy
 
@@ -78,11 +79,12 @@ NO_EVICTIONS: Final = Evictions((), (), ())
 class BlockTable:
     """Slot allocation, block states and pins for one primary arena.
 
-    ``index``, ``state`` and ``pins`` are read directly on hot paths; they are never replaced, so
-    an alias taken once stays valid.
+    ``index``, ``state``, ``pins`` and ``deadlines.at`` are read directly on hot paths; they are
+    never replaced, so an alias taken once stays valid. A slot's deadline (a block with a TTL)
+    goes when the slot is freed or reused.
     """
 
-    __slots__ = ("_clean", "free", "index", "keys", "pins", "policy", "state")
+    __slots__ = ("_clean", "deadlines", "free", "index", "keys", "pins", "policy", "state")
 
     def __init__(self, num_blocks: int, policy: EvictionPolicy) -> None:
         self.index: dict[bytes, int] = {}
@@ -94,6 +96,7 @@ class BlockTable:
         self._clean = bytearray(num_blocks)
         self.free: list[int] = list(range(num_blocks - 1, -1, -1))
         self.policy = policy
+        self.deadlines: Deadlines[int] = Deadlines()
 
     def __len__(self) -> int:
         return len(self.index)
@@ -155,6 +158,9 @@ class BlockTable:
             evicted = Evictions(gone, victims, gather(clean, victims))
             for k in gone:
                 del index[k]
+            if self.deadlines.at:
+                for v in victims:
+                    self.deadlines.drop(v)
             free += victims  # each victim is reused below: it is never seen free
         if not n:
             return [], evicted
@@ -250,6 +256,7 @@ class BlockTable:
             del self.index[k]
         self.keys[slot] = None
         self.policy.remove(slot)
+        self.deadlines.at.pop(slot, None)
         self.state[slot] = FREE
         self.pins[slot] = 0
         self.free.append(slot)

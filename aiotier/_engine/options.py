@@ -16,7 +16,7 @@ from .._core.admission import AdmissionPolicy
 from .._core.breaker import BreakerPolicy
 from .._core.engine_core import EngineCore
 from .._core.write_routes import WRITE_POLICIES
-from .._validate import check_bool, check_int, check_positive
+from .._validate import check_bool, check_int, check_positive, check_ttl
 from ..errors import ConfigError
 from ..tiers.base import SecondaryTier
 from ..tiers.primary import PrimaryTier
@@ -53,6 +53,9 @@ class EngineOptions:
             promoted blocks that no request has loaded yet: the rest stays free for stores.
         breaker: Each secondary tier's circuit (None: none); while open the engine does not
             call the tier.
+        default_ttl: Seconds a value stored through the cache API (``put``,
+            ``get_or_load``, ``cached``) is served when the call gives no ``ttl``; None: no
+            expiry. The scheduler protocol's blocks never expire.
     """
 
     write_policy: WritePolicy | Mapping[str, WritePolicy] = "write_back"
@@ -68,6 +71,7 @@ class EngineOptions:
     admission: Mapping[str, AdmissionPolicy] | None = None
     max_promotion_share: float = 0.9
     breaker: BreakerPolicy | None = BreakerPolicy()  # noqa: RUF009 - frozen, shared safely
+    default_ttl: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "write_policy", _check_write_policy(self.write_policy))
@@ -87,6 +91,7 @@ class EngineOptions:
         if self.breaker is not None and not isinstance(self.breaker, BreakerPolicy):
             raise TypeError(f"breaker must be a BreakerPolicy or None, got {self.breaker!r}")
         object.__setattr__(self, "admission", _check_admission(self.admission))
+        object.__setattr__(self, "default_ttl", check_ttl(self.default_ttl, "default_ttl"))
 
     @property
     def tier_timeout(self) -> float:
@@ -123,6 +128,7 @@ class EngineArgs(TypedDict, total=False):
     admission: Mapping[str, AdmissionPolicy] | None
     max_promotion_share: float
     breaker: BreakerPolicy | None
+    default_ttl: float | None
 
 
 OPTION_NAMES: Final = frozenset(f.name for f in fields(EngineOptions))
@@ -231,4 +237,5 @@ def build_core(
         primary_admission=admission.get(primary.name),
         tier_admission=[admission.get(t.name) for t in tiers],
         notify=notify,
+        tier_expiry=[t.capabilities.expiry for t in tiers],
     )

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from .._core.engine_core import EngineCore
+from .._core.engine_core import RECLAIM_PER_STEP, EngineCore
 from ..telemetry import Telemetry
 from ..tiers.base import SecondaryTier
 from .threads import EngineLock
@@ -43,8 +43,11 @@ class StepExport:
 
     def flush(self) -> None:
         """Hand the buffers of the step so far to the instruments."""
+        usages = [t.usage() for t in self._tiers]
         with self._guard.lock:
-            snap = self._core.take_step([t.usage().evictions for t in self._tiers])
+            snap = self._core.take_step(
+                [u.evictions for u in usages], [u.expirations for u in usages]
+            )
         self.telemetry.flush(snap)  # the SDK takes its own locks: not under the engine's
 
     def stepped(self) -> None:
@@ -73,6 +76,8 @@ class StepExport:
         while not self._stepped:
             await asyncio.sleep(IDLE_EXPORT_INTERVAL)
             if not self._stepped:
+                with self._guard.lock:  # what end_step would reclaim: blocks past their TTL
+                    self._core.expiry.reclaim(RECLAIM_PER_STEP)
                 self.flush()
 
     def stop_ticker(self) -> None:

@@ -85,7 +85,9 @@ class CallerThreadAnswers:
     loop: a primary hit of ``lookup``, ``lookup_prefix`` and ``get``. Anything else (a miss, a
     bad argument) is answered by the loop, which also names the bad argument."""
 
-    __slots__ = ("_all_ready", "_cached", "_guard", "_index", "_state", "_stats", "fast")
+    __slots__ = (
+        "_all_ready", "_cached", "_expiring", "_guard", "_index", "_state", "_stats", "fast",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -96,6 +98,7 @@ class CallerThreadAnswers:
     ) -> None:
         # the table never replaces these: read directly
         self._index, self._state, self._all_ready = table.index, table.state, table.all_ready
+        self._expiring = table.deadlines.at  # slots with a TTL: the loop checks their deadline
         self._guard = guard
         self._stats = stats
         self._cached = cached
@@ -115,7 +118,12 @@ class CallerThreadAnswers:
         with self._guard.lock:
             # BlockTable.ready_slot, inlined (as in TieringEngine.lookup)
             slot = self._index.get(key)  # type: ignore[arg-type]
-            if slot is None or self._state[slot] != READY or not self.fast:
+            if (
+                slot is None
+                or self._state[slot] != READY
+                or slot in self._expiring
+                or not self.fast
+            ):
                 return False
             self._stats.primary_hit += 1
             return True
@@ -131,7 +139,7 @@ class CallerThreadAnswers:
         if _valid_key(b"", req) is None:
             return None
         with self._guard.lock:
-            if not (self.fast and self._all_ready(ks)):
+            if not (self.fast and not self._expiring and self._all_ready(ks)):
                 return None
             self._stats.primary_hit += len(ks)
             return len(ks)

@@ -13,13 +13,14 @@ from functools import partial
 from typing import TypeVar, cast
 
 from .._core.engine_core import EngineCore
+from .._core.values import block_expiry
 from .._core.writeback import OpKind, WriteOp
 from ..errors import TieringError
-from ..tiers.base import SecondaryTier
+from ..tiers.base import BlockMeta, SecondaryTier
 from .breakers import Breakers, answered
 from .threads import EngineLock
 
-__all__ = ["Writers", "bounded_call"]
+__all__ = ["Writers", "block_metas", "bounded_call"]
 
 _T = TypeVar("_T")
 
@@ -50,6 +51,22 @@ async def bounded_call(
         return [cast(_T, exc)] * n
     finally:
         breakers.record(ti, ok)
+
+
+_NO_META = BlockMeta()
+
+
+def block_metas(items: Sequence[tuple[bytes, bytes | memoryview]]) -> list[BlockMeta] | None:
+    """Each block's :class:`BlockMeta`, from what its bytes (or a piece's key) carry; None when
+    none has any (most batches: every block of the scheduler protocol)."""
+    metas: list[BlockMeta] | None = None
+    for i, (k, data) in enumerate(items):
+        expires_at = block_expiry(k, data)
+        if expires_at is not None:
+            if metas is None:
+                metas = [_NO_META] * len(items)
+            metas[i] = BlockMeta(expires_at=expires_at)
+    return metas
 
 
 class Writers:
@@ -174,13 +191,16 @@ class Writers:
         may still be using them, on a thread)."""
         tier = self._tiers[ti]
         items = [(op.key, op.data or b"") for op in batch]
+        meta = block_metas(items)  # the blocks' expiry, carried down with every write
         called = returned = False
 
         async def call() -> list[Exception | None]:
             nonlocal called, returned
             called = True
             try:
-                answers = await tier.write_many(items)
+                answers = await (
+                    tier.write_many(items) if meta is None else tier.write_many(items, meta)
+                )
             except asyncio.CancelledError:
                 raise  # cut short by the timeout: a thread may still be reading the buffers
             except BaseException:

@@ -12,10 +12,10 @@ may keep its own (``tiers/_net/outage.ServerGuard``: it knows its server is down
 fails calls at once meanwhile). They meet only through :attr:`SecondaryTier.available`: the
 engine's breaker closes early when the tier says it serves again, and health reports both.
 
-Room to grow: per-key expiry and values over several blocks will reach tiers through
-:class:`BlockMeta` (a write's per-key metadata, passed to ``write_many``), :class:`TierSetup`
+Room to grow: what the engine tells a tier beyond bytes reaches it through :class:`BlockMeta`
+(a write's per-key metadata, passed to ``write_many``: a block's expiry), :class:`TierSetup`
 (what the engine asks of the tier) and :class:`TierCapabilities` (what the tier can honour),
-each a dataclass whose new fields get defaults: tiers written today keep working unchanged.
+each a dataclass whose new fields get defaults: tiers written earlier keep working unchanged.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ class TierUsage:
     can tell (the SSD tier: ``"new"``, ``"clean"`` after a clean close, ``"crash"`` after
     anything else); ``None`` otherwise. ``evictions`` counts the blocks the tier's own budget
     evicted since it was created (monotonic; the engine reports its growth as
-    ``aiotier_evictions_total``).
+    ``aiotier_evictions_total``). ``expirations`` likewise counts blocks the tier dropped
+    because they were past their :attr:`BlockMeta.expires_at` (``aiotier_expirations_total``).
     """
 
     blocks: int
@@ -62,6 +63,7 @@ class TierUsage:
     capacity_bytes: int | None
     started: str | None = None
     evictions: int = 0
+    expirations: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +80,18 @@ class TierCapabilities:
       as events from the same hand-over).
     - ``clearable``: :meth:`SecondaryTier.clear` is implemented (``TieringEngine.clear``
       checks every tier before it changes anything).
+    - ``expiry``: the tier honours :attr:`BlockMeta.expires_at`: past it, ``lookup_many``
+      answers MISS, ``read_many_into`` answers -1, and the block's space is reclaimed (counted
+      in :attr:`TierUsage.expirations` when the tier sees it happen). Without it the engine
+      still never serves an expired value: it checks the expiry a value carries in its bytes
+      when it reads it, drops it and queues a remove for the tier.
     """
 
     persistent: bool = True
     keeps_written_bytes: bool = False
     cheap_evictions: bool = False
     clearable: bool = False
+    expiry: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,11 +114,17 @@ class TierSetup:
 class BlockMeta:
     """Per-key metadata of a write, beside its bytes.
 
-    It has no fields yet: the engine passes ``meta=None``. Later features (a block's expiry,
-    its place in a value over several blocks) arrive as fields with defaults, announced by a
-    :class:`TierCapabilities` flag the tier sets when it honours them; a tier that ignores
+    - ``expires_at``: when the block stops being served, in unix seconds (``time.time()``:
+      wall time, shared by a fleet and kept across restarts); None: never. Set for the blocks
+      of values stored with a TTL, on every write of them (a put's, a demotion's, a cascade
+      from the tier above), so the expiry survives evictions. A tier honours it when it sets
+      :attr:`TierCapabilities.expiry`.
+
+    The engine passes ``meta=None`` when no block of a batch has any; a tier that ignores
     ``meta`` stays correct, because the engine never relies on a capability the tier lacks.
     """
+
+    expires_at: float | None = None
 
 
 def _default_name(cls: type) -> str:

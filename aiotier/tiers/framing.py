@@ -4,13 +4,19 @@ Layout (little-endian)::
 
     offset size field
     0      4    magic  b"ATBK"
-    4      1    format version (1)
+    4      1    format version (1, or 2: the block expires)
     5      1    flags (0; reserved)
     6      2    key length K
     8      8    payload length N
-    16     8    xxh3-64 of the payload
+    16     8    xxh3-64 of the payload (version 2: of the expiry and the payload)
     24     K    the block key
-    24+K   N    the payload
+    24+K   8    version 2 only: expires_at, unix seconds (a little-endian double)
+    ..     N    the payload
+
+A block written with an expiry (:attr:`~aiotier.tiers.base.BlockMeta.expires_at`) is a
+version-2 frame, for stores that keep no expiry of their own (an object store): a reader learns
+it from :func:`frame_expiry` and treats the block as absent past it. Readers of version 1 only
+refuse a version-2 frame (never misread it).
 
 The checksum is xxh3-64 because verifying must cost far less than moving the bytes: it runs
 near memory bandwidth, an order of magnitude faster than ``zlib.crc32``. What it costs on the
@@ -43,6 +49,7 @@ __all__ = [
     "checksum",
     "encode_frame",
     "encode_header",
+    "frame_expiry",
     "frame_size",
     "parse_header",
     "payload_into",
@@ -51,7 +58,9 @@ __all__ = [
 
 MAGIC: Final = b"ATBK"
 FORMAT_VERSION: Final = 1
+_EXPIRING_VERSION: Final = 2
 HEADER: Final = struct.Struct("<4sBBHQQ")
+_EXPIRY: Final = struct.Struct("<d")
 
 checksum = xxhash.xxh3_64_intdigest
 
@@ -89,9 +98,26 @@ def encode_header(key: bytes, payload: Buffer) -> bytes:
     return HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(key), len(payload), checksum(payload)) + key
 
 
-def encode_frame(key: bytes, payload: Buffer) -> bytes:
-    """A whole frame (header, key, payload) as one value, for stores that take one buffer."""
-    return b"".join((encode_header(key, payload), payload))
+def encode_frame(key: bytes, payload: Buffer, expires_at: float | None = None) -> bytes:
+    """A whole frame (header, key, payload) as one value, for stores that take one buffer;
+    version 2, carrying ``expires_at``, when there is one."""
+    if expires_at is None:
+        return b"".join((encode_header(key, payload), payload))
+    tail = _EXPIRY.pack(expires_at) + payload
+    n = len(payload)
+    head = HEADER.pack(MAGIC, _EXPIRING_VERSION, 0, len(key), n, checksum(tail))
+    return b"".join((head, key, tail))
+
+
+def frame_expiry(frame: Buffer) -> float | None:
+    """The expiry a frame carries (version 2), else None. Call it on a frame that passed
+    :func:`payload_into` (which verified the expiry with the payload)."""
+    mv = memoryview(frame)
+    if len(mv) < HEADER.size or mv[4] != _EXPIRING_VERSION:
+        return None
+    (key_len,) = struct.unpack_from("<H", mv, 6)
+    (expires_at,) = _EXPIRY.unpack_from(mv, HEADER.size + key_len)
+    return float(expires_at)
 
 
 def payload_into(frame: Buffer, key: bytes, buf: memoryview) -> int:
@@ -100,9 +126,10 @@ def payload_into(frame: Buffer, key: bytes, buf: memoryview) -> int:
     that fails :func:`check_header` or :func:`check_payload`) or ``ValueError`` (longer than
     ``buf``). Messages name the block, not the tier."""
     mv = memoryview(frame)
-    key_len, n, digest = check_header(mv, key, len(mv))
-    payload = mv[HEADER.size + key_len :]
-    check_payload(payload, key, digest)
+    key_len, n, digest = check_header(mv, key, len(mv), expiring=True)
+    checked = mv[HEADER.size + key_len :]  # version 2: the expiry, then the payload
+    check_payload(checked, key, digest)
+    payload = checked[len(checked) - n :]
     if n > len(buf):
         raise ValueError(f"block {key[:64]!r} is {n} bytes, buffer holds {len(buf)}")
     buf[:n] = payload
@@ -110,7 +137,11 @@ def payload_into(frame: Buffer, key: bytes, buf: memoryview) -> int:
 
 
 def check_header(
-    head: Buffer, key: bytes | None = None, frame_len: int | None = None
+    head: Buffer,
+    key: bytes | None = None,
+    frame_len: int | None = None,
+    *,
+    expiring: bool = False,
 ) -> tuple[int, int, int]:
     """Check the start of a frame: its fixed header and stored key; ``(key_len, payload_len,
     checksum)`` when they hold, else :class:`~aiotier.errors.BlockCorruptedError`.
@@ -123,6 +154,7 @@ def check_header(
     key, or all of the frame when it is shorter than that (bytes past ``frame_len`` are never
     looked at). Without ``frame_len``, ``len(head)`` bounds the frame and the payload length is
     not checked (a header read on its own). The payload's checksum is :func:`check_payload`'s.
+    ``expiring``: a version-2 frame (an expiry between key and payload) is accepted too.
 
     Messages name what is wrong, not where: callers prefix the tier and file or key.
     """
@@ -132,7 +164,7 @@ def check_header(
     magic, version, _flags, key_len, payload_len, digest = HEADER.unpack_from(head)
     if magic != MAGIC:
         raise BlockCorruptedError(f"bad magic {bytes(magic)!r}, not an aiotier block")
-    if version != FORMAT_VERSION:
+    if version != FORMAT_VERSION and not (expiring and version == _EXPIRING_VERSION):
         raise BlockCorruptedError(f"unsupported block format version {version}")
     if key is not None and key_len != len(key):
         raise BlockCorruptedError(f"frame holds a key of {key_len} bytes, not {key[:64]!r}")
@@ -141,7 +173,8 @@ def check_header(
     if key is not None and head[HEADER.size : HEADER.size + key_len] != key:
         raise _other_key(head[HEADER.size : HEADER.size + key_len], key)
     if frame_len is not None:
-        _check_payload_len(frame_len - HEADER.size - key_len, payload_len, key)
+        extra = _EXPIRY.size if version == _EXPIRING_VERSION else 0
+        _check_payload_len(frame_len - HEADER.size - key_len - extra, payload_len, key)
     return key_len, payload_len, digest
 
 

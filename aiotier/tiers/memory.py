@@ -1,10 +1,13 @@
-"""A secondary tier in process memory: blocks under a byte budget, LRU."""
+"""A secondary tier in process memory: blocks under a byte budget, LRU, expiring at their
+:attr:`~aiotier.tiers.base.BlockMeta.expires_at`."""
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 
+from .._core.deadlines import Deadlines
 from .._core.gather import gather
 from .._types import LookupResult
 from ..errors import ConfigError
@@ -81,8 +84,15 @@ class MemoryTier(SecondaryTier):
     """
 
     capabilities = TierCapabilities(
-        persistent=False, keeps_written_bytes=True, cheap_evictions=True, clearable=True
+        persistent=False,
+        keeps_written_bytes=True,
+        cheap_evictions=True,
+        clearable=True,
+        expiry=True,
     )
+    #: Expired blocks reclaimed per ``write_many`` at most (the rest at the next ones, or
+    #: when a lookup or read meets them).
+    RECLAIM_PER_WRITE = 256
 
     def __init__(self, capacity_bytes: int, *, name: str = "memory") -> None:
         super().__init__(name)
@@ -94,12 +104,18 @@ class MemoryTier(SecondaryTier):
         self._evicted: dict[bytes, bytes | bytearray] = {}
         # evicted while the engine wants only their keys
         self._evicted_keys: list[bytes] = []
+        # the expiry (unix seconds) of blocks that have one
+        self._deadlines: Deadlines[bytes] = Deadlines()
+        self._expires = self._deadlines.at
+        self._expirations = 0
 
     async def open(self, setup: TierSetup | None = None) -> None:
         if setup is not None:
             self._hand_over = setup.evictions
 
     async def lookup_many(self, keys: Sequence[bytes]) -> list[LookupResult]:
+        if self._expires:
+            self._expire(keys)
         data, evicted = self._data, self._evicted
         hit, miss = LookupResult.HIT, LookupResult.MISS
         return [hit if k in data or k in evicted else miss for k in keys]
@@ -107,7 +123,41 @@ class MemoryTier(SecondaryTier):
     async def read_many_into(
         self, keys: Sequence[bytes], bufs: Sequence[memoryview]
     ) -> list[int | Exception]:
+        if self._expires:
+            self._expire(keys)
         return self._copy_into(keys, bufs)
+
+    def _expire(self, keys: Iterable[bytes]) -> None:
+        """Drop those of ``keys`` past their expiry: they are absent from here on."""
+        expires, now = self._expires, time.time()
+        for k in keys:
+            t = expires.get(k)
+            if t is not None and now >= t:
+                self._drop_expired(k)
+
+    def _drop_expired(self, k: bytes) -> None:
+        self._deadlines.drop(k)
+        self._budget.discard(k)
+        self._data.pop(k, None)
+        self._evicted.pop(k, None)
+        self._expirations += 1
+
+    def _reclaim(self, limit: int) -> None:
+        """Drop up to ``limit`` blocks past their expiry, earliest first."""
+        for k in self._deadlines.due(time.time(), limit):
+            self._drop_expired(k)
+
+    def _set_expiry(
+        self,
+        items: Sequence[tuple[bytes, Buffer]],
+        meta: Sequence[BlockMeta] | None,
+        errors: Sequence[Exception | None],
+    ) -> None:
+        """The written blocks' expiry (the last write of a key wins, as for its bytes)."""
+        arm = self._deadlines.arm
+        for at, ((k, _), err) in enumerate(zip(items, errors, strict=True)):
+            if err is None:
+                arm(k, None if meta is None else meta[at].expires_at)
 
     def _copy_into(
         self, keys: Sequence[bytes], bufs: Sequence[memoryview]
@@ -149,7 +199,12 @@ class MemoryTier(SecondaryTier):
     async def write_many(
         self, items: Sequence[tuple[bytes, Buffer]], meta: Sequence[BlockMeta] | None = None
     ) -> list[Exception | None]:
-        return await write_each(items, self._write)
+        errors = await write_each(items, self._write)
+        if meta is not None or self._expires:
+            self._set_expiry(items, meta, errors)
+        if self._expires:
+            self._reclaim(self.RECLAIM_PER_WRITE)
+        return errors
 
     async def _write(self, key: bytes, data: Buffer) -> None:
         # A block given as a view is copied (the caller reuses its buffer), into the buffer of
@@ -159,6 +214,7 @@ class MemoryTier(SecondaryTier):
         n = data.nbytes if isinstance(data, memoryview) else len(data)
         for victim in self._budget.admit(key, n):
             old = self._data.pop(victim)
+            self._expires.pop(victim, None)
             self._evictions += 1
             if self._hand_over == "bytes":
                 self._evicted[victim] = old
@@ -180,6 +236,7 @@ class MemoryTier(SecondaryTier):
         out: list[bool | Exception] = []
         for key in keys:
             self._budget.discard(key)
+            self._expires.pop(key, None)
             handed = self._evicted.pop(key, None) is not None
             out.append(self._data.pop(key, None) is not None or handed)
         return out
@@ -189,13 +246,19 @@ class MemoryTier(SecondaryTier):
         self._data.clear()
         self._evicted.clear()
         self._evicted_keys.clear()
+        self._deadlines.clear()
 
     def contains_hint(self, key: bytes) -> bool | None:
+        if self._expires:
+            self._expire((key,))
         return key in self._data or key in self._evicted
 
     def usage(self) -> TierUsage:
         budget = self._budget
-        return TierUsage(len(self._data), budget.used, budget.capacity, None, self._evictions)
+        return TierUsage(
+            len(self._data), budget.used, budget.capacity, None, self._evictions,
+            self._expirations,
+        )  # fmt: skip
 
     def take_evictions(self) -> list[Eviction]:
         if self._evicted_keys:

@@ -26,15 +26,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
+from .._core.deadlines import Deadlines
 from .._types import LookupResult, normalize_key
 from .._validate import check_bool, check_int
 from ..errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
 from ._ssd.checkpoint import write_checkpoint
 from ._ssd.directory import SlotFiles, open_directory
+from ._ssd.expiry import load_expiry, save_expiry
 from ._ssd.handover import Handover
 from ._ssd.hops import CANCEL_GRACE, HOP_MAX_BYTES, HOP_MAX_OPS, HopRunner
 from ._ssd.index import SSDIndex, WritePlan
@@ -70,9 +73,16 @@ class SSDTier(SecondaryTier):
     sizes the tier's thread pool (default: the CPU count, 2 to 4). ``block_size`` is for a tier
     used without an engine (an engine gives its own); a directory keeps the block size it was
     created for.
+
+    Blocks written with an expiry (:attr:`~aiotier.tiers.base.BlockMeta.expires_at`) answer
+    MISS past it and have their slots cleared; their deadlines are kept across clean restarts
+    (``_ssd/expiry.py``).
     """
 
-    capabilities = TierCapabilities(clearable=True)
+    capabilities = TierCapabilities(clearable=True, expiry=True)
+    #: Expired blocks reclaimed per ``write_many`` at most (the rest at the next ones, or when
+    #: a lookup or read meets them).
+    RECLAIM_PER_WRITE = 256
 
     def __init__(
         self,
@@ -119,6 +129,9 @@ class SSDTier(SecondaryTier):
         self._evicted_keys: deque[bytes] = deque(maxlen=_EVICTED_KEYS_MAX)
         # Set when disk work ended: a write that found every slot busy looks again.
         self._room = asyncio.Event()
+        # the expiry of blocks written with one (saved at a clean close: _ssd/expiry.py)
+        self._deadlines: Deadlines[bytes] = Deadlines()
+        self._expirations = 0
 
     def __repr__(self) -> str:
         return f"<SSDTier name={self.name!r} path={self.path!r} capacity={self.capacity_bytes}>"
@@ -184,6 +197,17 @@ class SSDTier(SecondaryTier):
         except BaseException:
             runner.shutdown()
             raise
+        self._deadlines.clear()
+        try:
+            expiry_note = await runner.call(load_expiry, files.root, index, self._deadlines)
+        except BaseException:
+            await runner.call(files.close)
+            runner.shutdown()
+            raise
+        if expiry_note.startswith(("loaded", "absent")):
+            log.debug("ssd tier %r: expiry file %s", self.name, expiry_note)
+        else:
+            log.warning("ssd tier %r: expiry file %s: ignored", self.name, expiry_note)
         g = files.geometry
         self._runner = runner
         self._files = files
@@ -229,6 +253,10 @@ class SSDTier(SecondaryTier):
                             "file times to the nanosecond, which the checkpoint's seal needs; "
                             "the next open scans the slot headers", self.name,
                         )  # fmt: skip
+                try:
+                    await runner.call(save_expiry, files.root, self._index, self._deadlines)
+                except OSError as exc:
+                    log.warning("ssd tier %r: cannot save the expiry file: %s", self.name, exc)
             await runner.call(files.close)
         finally:
             runner.shutdown()
@@ -259,6 +287,12 @@ class SSDTier(SecondaryTier):
 
     async def lookup_many(self, keys: Sequence[bytes]) -> list[LookupResult]:
         self._check_open()
+        if self._deadlines.at:
+            expired = self._expire(keys)
+            if expired:
+                found = await self.lookup_many([k for k in keys if _as_key(k) not in expired])
+                hits = iter(found)
+                return [_MISS if _as_key(k) in expired else next(hits) for k in keys]
         lru, handover = self._index.lru, self._handover
         if handover:
             return [_HIT if (k := _as_key(x)) in lru or k in handover else _MISS for x in keys]
@@ -267,7 +301,39 @@ class SSDTier(SecondaryTier):
     def contains_hint(self, key: bytes) -> bool | None:
         """Exact: the index in memory is the truth about what is on disk."""
         key = _as_key(key)
+        if self._deadlines.expired(key, time.time()):
+            return False
         return key in self._index.lru or key in self._handover
+
+    def _expire(self, keys: Iterable[bytes]) -> set[bytes]:
+        """Those of ``keys`` past their expiry: they answer as absent; each one no write or
+        remove is under way for leaves the index now, its slot cleared (counted)."""
+        at, now = self._deadlines.at, time.time()
+        expired: set[bytes] = set()
+        for x in keys:
+            k = _as_key(x)
+            t = at.get(k)
+            if t is not None and now >= t:
+                expired.add(k)
+        self._drop_expired([k for k in expired if k not in self._turns])
+        return expired
+
+    def _drop_expired(self, keys: Sequence[bytes]) -> None:
+        slots: list[int] = []
+        for k in keys:
+            self._deadlines.drop(k)
+            self._handover.supersede(k)
+            slot = self._index.plan_remove(k)
+            if slot >= 0:
+                slots.append(slot)
+                self._expirations += 1
+        if slots:
+            self._clear(slots)
+
+    def _reclaim(self, limit: int) -> None:
+        """Drop up to ``limit`` blocks past their expiry, earliest first."""
+        due = self._deadlines.due(time.time(), limit)
+        self._drop_expired([k for k in due if k not in self._turns])
 
     async def read_many_into(
         self, keys: Sequence[bytes], bufs: Sequence[memoryview]
@@ -278,6 +344,8 @@ class SSDTier(SecondaryTier):
         if len(keys) != len(bufs):
             raise ValueError(f"{len(keys)} keys but {len(bufs)} buffers")
         keys = [k if type(k) is bytes else _as_key(k) for k in keys]
+        if self._deadlines.at:
+            self._expire(keys)  # out of the index: read as absent (-1)
         views = [byte_view(b) for b in bufs]
         batch = ReadBatch(
             self._index, keys, views, self._fds, self._per_file, self._slot_size, self.name
@@ -373,7 +441,14 @@ class SSDTier(SecondaryTier):
         finally:
             for key in batch.pending_keys():  # never planned (cancelled, or no room in time)
                 self._turns.release(key)
-        return batch.outcomes()
+        outcomes = batch.outcomes()
+        if meta is not None or self._deadlines.at:
+            arm = self._deadlines.arm
+            for i, ((k, _), err) in enumerate(zip(items, outcomes, strict=True)):
+                if err is None and type(k) is bytes:
+                    arm(k, None if meta is None else meta[i].expires_at)
+            self._reclaim(self.RECLAIM_PER_WRITE)
+        return outcomes
 
     def _planned(self, plan: WritePlan) -> object | None:
         """The tier's part of a planned write: the key's bytes in transit are older, dropped;
@@ -384,6 +459,7 @@ class SSDTier(SecondaryTier):
             handover.supersede(plan.key)
         if victim is None:
             return None
+        self._deadlines.drop(victim.key)
         self._evictions += 1
         if self._hand_over == "bytes":
             return handover.leave(victim.key)
@@ -461,6 +537,7 @@ class SSDTier(SecondaryTier):
             found: dict[bytes, bool] = {}
             slots: list[int] = []
             for key in wanted:
+                self._deadlines.drop(key)
                 in_transit = self._handover.supersede(key)
                 slot = self._index.plan_remove(key)
                 found[key] = in_transit or slot >= 0
@@ -485,6 +562,7 @@ class SSDTier(SecondaryTier):
         runner = self._check_open()
         self._handover.drop_all()
         self._evicted_keys.clear()
+        self._deadlines.clear()
         keys = list(self._index.lru)
         failed: list[Any] = []
         for i in range(0, len(keys), _CLEAR_CHUNK):
@@ -527,7 +605,9 @@ class SSDTier(SecondaryTier):
         n = len(self._index)
         capacity = self._index.slots * self._slot_size if self._open else self.capacity_bytes
         started = self.last_start.after if self.last_start is not None else None
-        return TierUsage(n, n * self._slot_size, capacity, started, self._evictions)
+        return TierUsage(
+            n, n * self._slot_size, capacity, started, self._evictions, self._expirations
+        )
 
 
 def _sync_files(fds: list[int]) -> None:

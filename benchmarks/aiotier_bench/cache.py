@@ -10,6 +10,11 @@ in-memory caches in the same run.
 - ``cache_large_value``: ``get`` of a 1 MiB value stored over 16 blocks of 64 KiB (its pieces
   read, joined and checked against the value's digest), against one copy of 1 MiB (the floor:
   any cache that hands out bytes it does not share copies them once).
+- ``cache_ttl``: the cost of a TTL: ``get_or_load`` and ``get`` hits of 4 KiB values stored with
+  a TTL, against the same calls on values stored without one, in the same run and engine (the
+  floor is the call without TTL; ``ratio_to_floor`` is what a TTL leaves of its speed). A hit
+  of a value with a TTL checks the slot's deadline, then the value's head (its checksum and the
+  value's digest) before copying the value out.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from .common import Case, Measure, alternate, note_missing
 
 __all__ = ["CASE_NAMES", "run"]
 
-CASE_NAMES = ("cache_hit", "cache_stampede", "cache_large_value")
+CASE_NAMES = ("cache_hit", "cache_stampede", "cache_large_value", "cache_ttl")
 _VALUE = bytes(range(256)) * 16  # 4 KiB
 _KEYS = 1024
 _now = time.perf_counter
@@ -203,6 +208,61 @@ async def cache_large_value(rounds: int, gets: int = 50) -> Case:
     )
 
 
+async def cache_ttl(ops: int, rounds: int) -> Case:
+    keys = [f"user:{i}" for i in range(_KEYS)]
+    sample = [keys[(i * 7919) % _KEYS] for i in range(ops)]
+    # blocks hold a 4 KiB value with its 72-byte head; both kinds of value live in one engine
+    engine = TieringEngine(PrimaryTier(2 * _KEYS, 2 * len(_VALUE)))
+    await engine.open()
+
+    async def load() -> bytes:
+        return _VALUE
+
+    for k in keys:
+        assert await engine.put(k, _VALUE)
+        assert await engine.put("ttl:" + k, _VALUE, ttl=24 * 3600.0)
+    with_ttl = ["ttl:" + k for k in sample]
+
+    def timed(
+        call: Callable[[str], Awaitable[Any]], ks: list[str]
+    ) -> Callable[[], Awaitable[float]]:
+        async def run() -> float:
+            t = _now()
+            for k in ks:
+                await call(k)
+            return (_now() - t) / ops * 1e6
+
+        return run
+
+    async def get_or_load(k: str) -> bytes:
+        return await engine.get_or_load(k, load)
+
+    med = await alternate(
+        {
+            "get_or_load": timed(get_or_load, sample),
+            "get_or_load_ttl": timed(get_or_load, with_ttl),
+            "get": timed(engine.get, sample),
+            "get_ttl": timed(engine.get, with_ttl),
+        },
+        rounds,
+    )
+    assert await engine.get(with_ttl[0]) == _VALUE
+    await engine.aclose(flush=False)
+    return Case(
+        "cache_ttl",
+        {"value_bytes": len(_VALUE), "keys": _KEYS, "ops": ops, "ttl_s": 24 * 3600},
+        "us/op",
+        False,
+        med["get_or_load_ttl"],
+        floor=Measure("get_or_load hit of a value without TTL", med["get_or_load"]),
+        extra={
+            "get_us": med["get"],
+            "get_ttl_us": med["get_ttl"],
+            "get_ttl_ratio": med["get"] / med["get_ttl"] if med["get_ttl"] else None,
+        },
+    )
+
+
 async def run(quick: bool, cases: tuple[str, ...] = CASE_NAMES) -> list[Case]:
     out: list[Case] = []
     if "cache_hit" in cases:
@@ -211,4 +271,6 @@ async def run(quick: bool, cases: tuple[str, ...] = CASE_NAMES) -> list[Case]:
         out.append(await cache_stampede())
     if "cache_large_value" in cases:
         out.append(await cache_large_value(5 if quick else 15))
+    if "cache_ttl" in cases:
+        out.append(await cache_ttl(20_000 if quick else 200_000, 5 if quick else 15))
     return out

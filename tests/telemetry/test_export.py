@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from aiotier import LookupResult, MemoryTier, PrimaryTier, RequestContext, TieringEngine
 from aiotier.telemetry import METRICS, start_otlp_exporter, start_prometheus_server
 from aiotier.testing import FaultyTier
+from aiotier.tiers.base import BlockMeta
 
 
 def free_port() -> int:
@@ -49,6 +50,9 @@ async def drive(engine: TieringEngine) -> None:
     """One step that touches every metric."""
     r = RequestContext("r")
     assert await engine.lookup("nowhere", r) is LookupResult.MISS  # a tier error below
+    # a block past its expiry, in a tier that expires blocks: dropped there (an expiration)
+    await engine.tiers[0].write_many([(b"expired", b"x")], [BlockMeta(expires_at=1.0)])
+    assert await engine.lookup("expired", r) is LookupResult.MISS
     assert await engine.lookup("below", r) is LookupResult.RETRY
     await engine.wait(["below"])
     assert await engine.put("a", b"a")
@@ -95,7 +99,7 @@ async def test_prometheus_scrape_shows_the_spec_names() -> None:
         for s in families["aiotier_tier_events"].samples
         if s.labels.get("tier") == "memory" and s.labels.get("event") == "asked"
     ]
-    assert asked == [2.0]  # "nowhere" and "below"
+    assert asked == [3.0]  # "nowhere", "expired" and "below"
     hits = [
         s.value
         for s in families["aiotier_lookups"].samples

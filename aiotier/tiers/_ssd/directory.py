@@ -34,7 +34,7 @@ __all__ = ["SlotFiles", "format1_message", "open_directory", "open_slot_files", 
 
 _RW: int = os.O_RDWR | O_CLOEXEC | O_NOFOLLOW
 #: Our own names besides the slot files (the checkpoint and last-open are read by name).
-_OURS = frozenset({MARKER_NAME, LOCK_NAME, "checkpoint", "last-open"})
+_OURS = frozenset({MARKER_NAME, LOCK_NAME, "checkpoint", "last-open", "expiry"})
 
 
 @dataclass(slots=True)

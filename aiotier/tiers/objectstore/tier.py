@@ -25,6 +25,7 @@ obstore is an optional dependency (the ``s3`` extra), imported when a tier is cr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -40,6 +41,7 @@ from .._net.outage import GuardedTier, ServerGuard
 from ..base import BlockMeta, Buffer, SecondaryTier, TierCapabilities, TierSetup, TierUsage
 from ..framing import HEADER, block_digest, encode_frame, payload_into
 from .client import ObjectTooLarge, ObstoreClient, Refused, ServerBusy, Unreachable
+from .expiry import ObjectExpiry
 from .lookahead import LookAhead
 from .memory import ObjectMemory
 from .requests import ObjectRequests, RequestingTier
@@ -82,7 +84,7 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
     for a private CA).
     """
 
-    capabilities = TierCapabilities(clearable=True)
+    capabilities = TierCapabilities(clearable=True, expiry=True)
 
     def __init__(
         self,
@@ -166,6 +168,7 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
         self.lookahead_reads = 0
         #: Writes skipped because the bucket already held the key (``immutable_keys``).
         self.skipped_writes = 0
+        self._expiry = ObjectExpiry()
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> ObjectStoreTier:
@@ -253,6 +256,7 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
                     "clear", partial(self.client.delete, blocks), requests.deadline()
                 )
         self._memory.clear()
+        self._expiry.clear()
         self._lookahead.clear()
         self._late.cleared(started)
 
@@ -262,7 +266,10 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
         The bucket is shared and has no cheap size (and lifecycle rules expire objects on
         their own), so this is this engine's view, not the bucket's; capacity is unbounded.
         """
-        return TierUsage(self._memory.written_objects, self._memory.written_bytes, None)
+        return TierUsage(
+            self._memory.written_objects, self._memory.written_bytes, None,
+            expirations=self._expiry.expirations,
+        )  # fmt: skip
 
     def counters(self) -> dict[str, int]:
         """Requests sent (retries included), retries, reads that failed verification, writes
@@ -295,8 +302,15 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
             return []
         names = [self.object_name(k) for k in keys]
         out = [LookupResult.HIT] * len(keys)
-        asked = [i for i, n in enumerate(names) if not self._memory.fresh(n)]
+        asked: list[int] = []
+        for i, n in enumerate(names):
+            if not self._memory.fresh(n):
+                asked.append(i)
+            elif self._expiry.past(n):  # known from memory: no request
+                self._memory.gone(n)
+                out[i] = LookupResult.MISS
         if not asked:
+            await self._delete_expired()
             return out
         deadline = self._requests.deadline()
         frame = self._lookahead_frame(keys, asked)
@@ -321,6 +335,8 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
                 return None
             body, etag = got
             self._largest_frame = max(self._largest_frame, len(body))
+            if self._expiry.frame_past(name, body):
+                return None  # a MISS, deleted below
             if not self._memory.refused(name, etag):
                 self._lookahead.keep(name, body, etag, len(body), mark)
             return etag
@@ -343,6 +359,7 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
         if failures == len(asked):
             first = next(e for e in heads if isinstance(e, Exception))
             raise first
+        await self._delete_expired()
         return out
 
     def _fetch_count(self, asked: int, frame: int) -> int:
@@ -390,6 +407,7 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
                 copied = 0
                 await asyncio.sleep(0)
         if not fetch:
+            await self._delete_expired()
             return out
         deadline = self._requests.deadline()
 
@@ -417,6 +435,7 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
 
         for i, outcome in zip(fetch, await self._requests.each(fetch, one), strict=True):
             out[i] = outcome
+        await self._delete_expired()
         return out
 
     def _deliver(
@@ -435,6 +454,9 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
             raise BlockCorruptedError(f"object tier {self.name!r}: {name}: {exc}") from None
         except ValueError as exc:
             raise ValueError(f"object tier {self.name!r}: {exc}") from None
+        if self._expiry.frame_past(name, frame):
+            self._memory.gone(name)
+            return -1
         outcome: list[int | Exception] = [n]
         if self._late and self._late.screen((name,), (buf,), outcome):
             # an older write, cut short, landed after a later one: a MISS, remembered by ETag
@@ -454,17 +476,22 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
         either); the earlier ones get its outcome."""
         deadline = self._requests.deadline()
         late = self._late
+        # each key's expiry, of its last write in the batch (the one carried out)
+        expires: dict[bytes, float | None] = {}
+        if meta is not None:
+            expires = {k: m.expires_at for (k, _), m in zip(items, meta, strict=True)}
 
         async def one(item: tuple[bytes, Buffer]) -> None:
             key, data = item
             name = self.object_name(key)
+            expires_at = expires.get(key)
             self._lookahead.changed(name)
             if self.immutable_keys and await self._held(name, deadline):
                 self.skipped_writes += 1
                 self._memory.seen(name)
                 late.written(name, data)  # immutable keys: the bytes held are these
                 return
-            frame = encode_frame(key, data)
+            frame = encode_frame(key, data, expires_at)
 
             async def put() -> None:
                 try:
@@ -480,6 +507,7 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
                 self._lookahead.changed(name)
             late.written(name, data)
             self._memory.written(name, len(frame))
+            self._expiry.wrote(name, expires_at)
 
         # the last write of each object, in the batch's order (a bad key is sent: it fails)
         batch = LastWrites([self._name_or_none(k) for k, _ in items])
@@ -499,6 +527,7 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
         present = [n for n, h in zip(names, heads, strict=True) if isinstance(h, str)]
         for name in names:
             self._memory.removing(name)
+            self._expiry.forget(name)
         failed: Exception | None = None
         if present:
             try:
@@ -521,6 +550,18 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
         return out
 
     # -- helpers ---------------------------------------------------------------------------------
+
+    async def _delete_expired(self) -> None:
+        """Delete the objects found past their expiry (best effort: one that stays is found
+        expired again by the next read)."""
+        names = self._expiry.take_pending()
+        if not names:
+            return
+        for name in names:
+            self._lookahead.changed(name)
+        deadline = self._requests.deadline()
+        with contextlib.suppress(TieringError):
+            await self._requests.send("remove", lambda: self.client.delete(names), deadline)
 
     async def _held(self, name: str, deadline: float) -> bool:
         """Whether the bucket holds a sound-looking object under ``name`` (``immutable_keys``)."""

@@ -29,7 +29,9 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -129,9 +131,12 @@ class RedisTier(GuardedTier, SecondaryTier):
     ``url`` is handed to redis-py unchanged, so ``redis://user:password@host:6379/0``,
     ``rediss://`` (TLS, with ``?ssl_cert_reqs=...`` and friends) and ``unix://`` all work.
     ``namespace`` separates fleets, models or tenants on one server; ``ttl`` (seconds) makes
-    every written block expire. ``cluster=True`` talks to a Redis Cluster through any of its
-    nodes. ``protocol=2`` is for servers older than Redis 6 (redis-py 8 speaks RESP3 by
-    default). ``client_kwargs`` go to the redis-py client as they are.
+    every written block expire. A block written with a
+    :attr:`~aiotier.tiers.base.BlockMeta.expires_at` expires then (``SET ... PXAT``, Redis 6.2
+    or later), or at ``ttl`` if that comes first: the server reclaims it and answers MISS.
+    ``cluster=True`` talks to a Redis Cluster through any of its nodes. ``protocol=2`` is for
+    servers older than Redis 6 (redis-py 8 speaks RESP3 by default). ``client_kwargs`` go to
+    the redis-py client as they are.
 
     ``fast_reads`` (plain ``redis://`` and ``unix://`` only) lets batched reads skip redis-py's
     reply parser and land in the caller's buffers directly; batches of more than a few MiB are
@@ -139,7 +144,7 @@ class RedisTier(GuardedTier, SecondaryTier):
     most ``max_read_connections`` connections open.
     """
 
-    capabilities = TierCapabilities(clearable=True)
+    capabilities = TierCapabilities(clearable=True, expiry=True)
 
     def __init__(
         self,
@@ -491,19 +496,25 @@ class RedisTier(GuardedTier, SecondaryTier):
         self, items: Sequence[tuple[bytes, Buffer]], meta: Sequence[BlockMeta] | None = None
     ) -> list[Exception | None]:
         """All blocks in one non-transactional pipeline of ``SET`` (of several writes of one
-        key only the last is sent; each reports its outcome)."""
+        key only the last is sent; each reports its outcome), each with its expiry."""
         if not items:
             return []
         batch = LastWrites([k for k, _ in items])
         if len(batch.kept) < len(items):
-            return batch.spread(await self.write_many(batch.pick(items)))
+            kept_meta = None if meta is None else batch.pick(meta)
+            return batch.spread(await self.write_many(batch.pick(items), kept_meta))
         rkeys = [self.redis_key(k) for k, _ in items]
         frames = [encode_frame(k, d) for k, d in items]
+        expiry = self._expiry_ms(meta)
 
         async def run(client: Any) -> list[Any]:
             pipe = _pipeline(client)
-            for rkey, frame in zip(rkeys, frames, strict=True):
-                pipe.set(rkey, frame, px=self._px)
+            for i, (rkey, frame) in enumerate(zip(rkeys, frames, strict=True)):
+                at = None if expiry is None else expiry[i]
+                if at is None:
+                    pipe.set(rkey, frame, px=self._px)
+                else:
+                    pipe.set(rkey, frame, pxat=at)
             return list(await pipe.execute(raise_on_error=False))
 
         payloads = [(rkey, data) for rkey, (_k, data) in zip(rkeys, items, strict=True)]
@@ -530,6 +541,21 @@ class RedisTier(GuardedTier, SecondaryTier):
         return out
 
     # -- helpers ---------------------------------------------------------------------------------
+
+    def _expiry_ms(self, meta: Sequence[BlockMeta] | None) -> list[int | None] | None:
+        """Per block, the unix time in ms its value expires (``PXAT``): its ``expires_at``, or
+        ``ttl`` from now when that comes first; None for a block without ``expires_at``."""
+        if meta is None or all(m.expires_at is None for m in meta):
+            return None
+        cap = None if self._px is None else int(time.time() * 1000) + self._px
+        out: list[int | None] = []
+        for m in meta:
+            if m.expires_at is None:
+                out.append(None)
+                continue
+            at = max(1, math.ceil(m.expires_at * 1000))
+            out.append(at if cap is None else min(at, cap))
+        return out
 
     def _remember(self, rkey: bytes, size: int) -> None:
         old = self._written.get(rkey, 0)
