@@ -64,9 +64,11 @@ class Deadlines(Generic[_K]):
         stay until the caller reclaims them: :meth:`drop`)."""
         heap, at = self._heap, self.at
         out: list[_K] = []
+        seen: set[_K] = set()  # armed twice with one deadline: two entries, one slot
         while heap and len(out) < limit and heap[0][0] <= now:
             t, slot = heapq.heappop(heap)
-            if at.get(slot) == t:
+            if at.get(slot) == t and slot not in seen:
+                seen.add(slot)
                 out.append(slot)
         return out
 

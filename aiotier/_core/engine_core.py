@@ -362,6 +362,7 @@ class EngineCore:
         k: bytes,
         data: bytes | bytearray | memoryview,
         acks: WriteAcks | None = None,
+        *,
         expires_at: float | None = None,
     ) -> bool:
         """Store ``data`` in the primary, replacing ``k`` everywhere; False when no room.
@@ -392,6 +393,7 @@ class EngineCore:
         head: bytes,
         pieces: Sequence[tuple[bytes, memoryview]],
         acks: WriteAcks | None = None,
+        *,
         expires_at: float | None = None,
     ) -> bool:
         """Store a value's ``pieces`` (keys never used before) and then ``head``, the block

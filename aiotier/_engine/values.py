@@ -77,7 +77,7 @@ class Values:
         if expires_at is None and not needs_pieces(view, block_size):
             stored = core.put(k, view, acks)
         elif expires_at is not None and view.nbytes + HEAD2_BYTES <= block_size:
-            stored = core.put(k, encode_inline(view, expires_at), acks, expires_at)
+            stored = core.put(k, encode_inline(view, expires_at), acks, expires_at=expires_at)
         else:
             stored = self._put_pieces(k, view, block_size, acks, expires_at)
         if stored:
@@ -113,7 +113,7 @@ class Values:
                 f"{self.max_bytes} bytes (num_blocks - 1 blocks of {block_size})"
             )
         manifest, pieces = split_value(view, block_size, expires_at=expires_at)
-        return self._core.put_value(k, manifest.encode(), pieces, acks, expires_at)
+        return self._core.put_value(k, manifest.encode(), pieces, acks, expires_at=expires_at)
 
     def inline(self, block: bytes) -> bytes | None:
         """The value a block with a head holds in itself, when it is live; None when it is not

@@ -78,7 +78,7 @@ class Harness:
 
     def put(self, k: bytes, data: bytes, ttl: float) -> None:
         expires_at = self.wall.t + ttl
-        assert self.core.put(k, encode_inline(memoryview(data), expires_at), expires_at)
+        assert self.core.put(k, encode_inline(memoryview(data), expires_at), expires_at=expires_at)
         self.queued_removes()  # the put's own (of older copies below): not the expiry's
 
     def count(self, tier: str) -> int:
@@ -147,7 +147,7 @@ def test_a_promoted_block_that_lands_expired_is_dropped_and_removed_from_its_tie
 def test_pieces_carry_the_expiry_in_their_keys() -> None:
     h = Harness()
     manifest, pieces = split_value(memoryview(bytes(600)), 256, expires_at=h.wall.t + 5)
-    assert h.core.put_value(b"big", manifest.encode(), pieces, manifest.expires_at)
+    assert h.core.put_value(b"big", manifest.encode(), pieces, expires_at=manifest.expires_at)
     assert len(h.core.table.deadlines) == 4
     h.wall.t += 5
     assert h.core.expiry.reclaim(100) == 4
