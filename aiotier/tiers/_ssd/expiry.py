@@ -32,7 +32,7 @@ from ..._core.deadlines import Deadlines
 from ..framing import checksum
 from .index import SSDIndex
 from .layout import TMP_PREFIX
-from .syscalls import open_regular, replace_file
+from .syscalls import open_regular, replace_file, unlink_quiet
 
 __all__ = ["EXPIRY_NAME", "load_expiry", "save_expiry"]
 
@@ -45,13 +45,17 @@ _TRAILER: Final = 8
 
 
 def save_expiry(root: str, index: SSDIndex, deadlines: Deadlines[bytes]) -> None:
-    """Write the deadlines of the blocks in ``index`` to ``root/expiry`` (durably)."""
+    """Write the deadlines of the blocks in ``index`` to ``root/expiry`` (durably); with
+    none, no file (a directory of a tier that never saw a TTL has none)."""
     parts: list[bytes] = []
     lru, seq = index.lru, index.seq
     for key, t in deadlines.at.items():
         slot = lru.get(key)
         if slot is not None:
             parts.append(_ENTRY.pack(len(key), seq[slot], t) + key)
+    if not parts:
+        unlink_quiet(os.path.join(root, EXPIRY_NAME))
+        return
     body = _HEAD.pack(_MAGIC, _VERSION, 0, len(parts)) + b"".join(parts)
     blob = body + checksum(body).to_bytes(8, "little")
     replace_file(root, EXPIRY_NAME, blob, tmp_prefix=TMP_PREFIX, sync=True)

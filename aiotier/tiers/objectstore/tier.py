@@ -477,14 +477,15 @@ class ObjectStoreTier(RequestingTier, GuardedTier, SecondaryTier):
         deadline = self._requests.deadline()
         late = self._late
         # each key's expiry, of its last write in the batch (the one carried out)
-        expires: dict[bytes, float | None] = {}
+        expires: dict[str | None, float | None] = {}
         if meta is not None:
-            expires = {k: m.expires_at for (k, _), m in zip(items, meta, strict=True)}
+            names = [self._name_or_none(k) for k, _ in items]
+            expires = {n: m.expires_at for n, m in zip(names, meta, strict=True)}
 
         async def one(item: tuple[bytes, Buffer]) -> None:
             key, data = item
             name = self.object_name(key)
-            expires_at = expires.get(key)
+            expires_at = expires.get(name)
             self._lookahead.changed(name)
             if self.immutable_keys and await self._held(name, deadline):
                 self.skipped_writes += 1
