@@ -26,18 +26,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
-from .._core.deadlines import Deadlines
 from .._types import LookupResult, normalize_key
 from .._validate import check_bool, check_int
 from ..errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
 from ._ssd.checkpoint import write_checkpoint
 from ._ssd.directory import SlotFiles, open_directory
-from ._ssd.expiry import load_expiry, save_expiry
+from ._ssd.expiry import SSDExpiry, load_expiry, save_expiry
 from ._ssd.handover import Handover
 from ._ssd.hops import CANCEL_GRACE, HOP_MAX_BYTES, HOP_MAX_OPS, HopRunner
 from ._ssd.index import SSDIndex, WritePlan
@@ -130,8 +128,7 @@ class SSDTier(SecondaryTier):
         # Set when disk work ended: a write that found every slot busy looks again.
         self._room = asyncio.Event()
         # the expiry of blocks written with one (saved at a clean close: _ssd/expiry.py)
-        self._deadlines: Deadlines[bytes] = Deadlines()
-        self._expirations = 0
+        self._expiry = SSDExpiry()
 
     def __repr__(self) -> str:
         return f"<SSDTier name={self.name!r} path={self.path!r} capacity={self.capacity_bytes}>"
@@ -197,9 +194,9 @@ class SSDTier(SecondaryTier):
         except BaseException:
             runner.shutdown()
             raise
-        self._deadlines.clear()
+        self._expiry.deadlines.clear()
         try:
-            expiry_note = await runner.call(load_expiry, files.root, index, self._deadlines)
+            expiry_note = await runner.call(load_expiry, files.root, index, self._expiry.deadlines)
         except BaseException:
             await runner.call(files.close)
             runner.shutdown()
@@ -254,7 +251,8 @@ class SSDTier(SecondaryTier):
                             "the next open scans the slot headers", self.name,
                         )  # fmt: skip
                 try:
-                    await runner.call(save_expiry, files.root, self._index, self._deadlines)
+                    deadlines = self._expiry.deadlines
+                    await runner.call(save_expiry, files.root, self._index, deadlines)
                 except OSError as exc:
                     log.warning("ssd tier %r: cannot save the expiry file: %s", self.name, exc)
             await runner.call(files.close)
@@ -287,7 +285,7 @@ class SSDTier(SecondaryTier):
 
     async def lookup_many(self, keys: Sequence[bytes]) -> list[LookupResult]:
         self._check_open()
-        if self._deadlines.at:
+        if self._expiry:
             expired = self._expire(keys)
             if expired:
                 found = await self.lookup_many([k for k in keys if _as_key(k) not in expired])
@@ -301,39 +299,32 @@ class SSDTier(SecondaryTier):
     def contains_hint(self, key: bytes) -> bool | None:
         """Exact: the index in memory is the truth about what is on disk."""
         key = _as_key(key)
-        if self._deadlines.expired(key, time.time()):
+        if self._expiry and self._expiry.past((key,)):
             return False
         return key in self._index.lru or key in self._handover
 
     def _expire(self, keys: Iterable[bytes]) -> set[bytes]:
         """Those of ``keys`` past their expiry: they answer as absent; each one no write or
-        remove is under way for leaves the index now, its slot cleared (counted)."""
-        at, now = self._deadlines.at, time.time()
-        expired: set[bytes] = set()
-        for x in keys:
-            k = _as_key(x)
-            t = at.get(k)
-            if t is not None and now >= t:
-                expired.add(k)
-        self._drop_expired([k for k in expired if k not in self._turns])
+        remove is under way for leaves the index now."""
+        expired = self._expiry.past(map(_as_key, keys))
+        self._drop_expired(expired)
         return expired
 
-    def _drop_expired(self, keys: Sequence[bytes]) -> None:
+    def _drop_expired(self, keys: Iterable[bytes]) -> None:
+        """Out of the index, their slots cleared (counted); keys a write or remove is under
+        way for are left to it."""
         slots: list[int] = []
         for k in keys:
-            self._deadlines.drop(k)
+            if k in self._turns:
+                continue
+            self._expiry.deadlines.drop(k)
             self._handover.supersede(k)
             slot = self._index.plan_remove(k)
             if slot >= 0:
                 slots.append(slot)
-                self._expirations += 1
+                self._expiry.expirations += 1
         if slots:
             self._clear(slots)
-
-    def _reclaim(self, limit: int) -> None:
-        """Drop up to ``limit`` blocks past their expiry, earliest first."""
-        due = self._deadlines.due(time.time(), limit)
-        self._drop_expired([k for k in due if k not in self._turns])
 
     async def read_many_into(
         self, keys: Sequence[bytes], bufs: Sequence[memoryview]
@@ -344,7 +335,7 @@ class SSDTier(SecondaryTier):
         if len(keys) != len(bufs):
             raise ValueError(f"{len(keys)} keys but {len(bufs)} buffers")
         keys = [k if type(k) is bytes else _as_key(k) for k in keys]
-        if self._deadlines.at:
+        if self._expiry:
             self._expire(keys)  # out of the index: read as absent (-1)
         views = [byte_view(b) for b in bufs]
         batch = ReadBatch(
@@ -442,12 +433,9 @@ class SSDTier(SecondaryTier):
             for key in batch.pending_keys():  # never planned (cancelled, or no room in time)
                 self._turns.release(key)
         outcomes = batch.outcomes()
-        if meta is not None or self._deadlines.at:
-            arm = self._deadlines.arm
-            for i, ((k, _), err) in enumerate(zip(items, outcomes, strict=True)):
-                if err is None and type(k) is bytes:
-                    arm(k, None if meta is None else meta[i].expires_at)
-            self._reclaim(self.RECLAIM_PER_WRITE)
+        self._expiry.written(items, meta, outcomes)
+        if self._expiry:
+            self._drop_expired(self._expiry.due(self.RECLAIM_PER_WRITE))
         return outcomes
 
     def _planned(self, plan: WritePlan) -> object | None:
@@ -459,7 +447,7 @@ class SSDTier(SecondaryTier):
             handover.supersede(plan.key)
         if victim is None:
             return None
-        self._deadlines.drop(victim.key)
+        self._expiry.deadlines.drop(victim.key)
         self._evictions += 1
         if self._hand_over == "bytes":
             return handover.leave(victim.key)
@@ -537,7 +525,7 @@ class SSDTier(SecondaryTier):
             found: dict[bytes, bool] = {}
             slots: list[int] = []
             for key in wanted:
-                self._deadlines.drop(key)
+                self._expiry.deadlines.drop(key)
                 in_transit = self._handover.supersede(key)
                 slot = self._index.plan_remove(key)
                 found[key] = in_transit or slot >= 0
@@ -562,7 +550,7 @@ class SSDTier(SecondaryTier):
         runner = self._check_open()
         self._handover.drop_all()
         self._evicted_keys.clear()
-        self._deadlines.clear()
+        self._expiry.deadlines.clear()
         keys = list(self._index.lru)
         failed: list[Any] = []
         for i in range(0, len(keys), _CLEAR_CHUNK):
@@ -606,7 +594,7 @@ class SSDTier(SecondaryTier):
         capacity = self._index.slots * self._slot_size if self._open else self.capacity_bytes
         started = self.last_start.after if self.last_start is not None else None
         return TierUsage(
-            n, n * self._slot_size, capacity, started, self._evictions, self._expirations
+            n, n * self._slot_size, capacity, started, self._evictions, self._expiry.expirations
         )
 
 

@@ -26,15 +26,18 @@ from __future__ import annotations
 
 import os
 import struct
+import time
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from ..._core.deadlines import Deadlines
+from ..base import BlockMeta, Buffer
 from ..framing import checksum
 from .index import SSDIndex
 from .layout import TMP_PREFIX
 from .syscalls import open_regular, replace_file, unlink_quiet
 
-__all__ = ["EXPIRY_NAME", "load_expiry", "save_expiry"]
+__all__ = ["EXPIRY_NAME", "SSDExpiry", "load_expiry", "save_expiry"]
 
 EXPIRY_NAME: Final = "expiry"
 _MAGIC: Final = b"ATEX"
@@ -98,3 +101,41 @@ def load_expiry(root: str, index: SSDIndex, deadlines: Deadlines[bytes]) -> str:
             deadlines.arm(key, t)
             loaded += 1
     return f"loaded {loaded}"
+
+
+class SSDExpiry:
+    """One SSD tier's deadlines by key, and how many blocks it dropped past theirs."""
+
+    __slots__ = ("deadlines", "expirations")
+
+    def __init__(self) -> None:
+        self.deadlines: Deadlines[bytes] = Deadlines()
+        #: Blocks dropped because they were past their expiry (``usage().expirations``).
+        self.expirations = 0
+
+    def __bool__(self) -> bool:
+        """Whether any block has a deadline (else every check is skipped)."""
+        return bool(self.deadlines.at)
+
+    def past(self, keys: Iterable[bytes]) -> set[bytes]:
+        """Those of ``keys`` past their deadline now."""
+        at, now = self.deadlines.at, time.time()
+        return {k for k in keys if (t := at.get(k)) is not None and now >= t}
+
+    def due(self, limit: int) -> list[bytes]:
+        """Up to ``limit`` keys past their deadline, earliest first."""
+        return self.deadlines.due(time.time(), limit)
+
+    def written(
+        self,
+        items: Sequence[tuple[bytes, Buffer]],
+        meta: Sequence[BlockMeta] | None,
+        outcomes: Sequence[Exception | None],
+    ) -> None:
+        """A ``write_many`` ended: each written key's deadline is its write's (None: none)."""
+        if meta is None and not self.deadlines.at:
+            return
+        arm = self.deadlines.arm
+        for i, ((k, _), err) in enumerate(zip(items, outcomes, strict=True)):
+            if err is None and type(k) is bytes:
+                arm(k, None if meta is None else meta[i].expires_at)
