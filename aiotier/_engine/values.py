@@ -165,13 +165,14 @@ class Values:
         return parse_manifest(down) if down is not None else None
 
     def _drop_expired(self, k: bytes, manifest: Manifest) -> None:
-        """A value read past its expiry (a tier without expiry served it, or it expired on the
-        way): it and its pieces go from the primary; removes are queued below."""
+        """A value read past its expiry (it expired while ``get`` awaited it, or it was read
+        around the primary): its pieces go, and so does ``k`` where it is this value. A newer
+        value stored meanwhile stays: the primary drops only a slot past its own deadline, and
+        only a key the primary no longer has is dropped below (counted for the primary)."""
         core = self._core
-        slot = core.table.index.get(k)
-        if slot is not None:
-            core.forget(k, slot)
-        core.expiry.dropped(k, None)
+        core.expiry.check((k,))
+        if k not in core.table.index and k not in core.coherence.in_transit:
+            core.expiry.dropped(k, None)
         self.forget(manifest.piece_keys())
 
     def forget(self, keys: list[bytes]) -> None:
