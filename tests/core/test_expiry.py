@@ -10,7 +10,7 @@ from aiotier import LookupResult, PrimaryTier
 from aiotier._core.deadlines import Deadlines
 from aiotier._core.engine_core import EngineCore
 from aiotier._core.promotion import Outcome
-from aiotier._core.values import encode_inline, split_value
+from aiotier._core.values import encode_inline, read_inline, split_value
 from aiotier._core.writeback import OpKind
 
 HIT, MISS, RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY
@@ -152,3 +152,50 @@ def test_pieces_carry_the_expiry_in_their_keys() -> None:
     h.wall.t += 5
     assert h.core.expiry.reclaim(100) == 4
     assert len(h.core.table.index) == 0
+
+
+_step = st.one_of(
+    st.tuples(st.just("put"), st.integers(0, 5), st.one_of(st.none(), st.integers(1, 30))),
+    st.tuples(st.just("tick"), st.integers(0, 12), st.none()),
+    st.tuples(st.just("get"), st.integers(0, 5), st.none()),
+    st.tuples(st.just("lookup"), st.integers(0, 5), st.none()),
+    st.tuples(st.just("step"), st.integers(0, 0), st.none()),
+)
+
+
+@given(steps=st.lists(_step, max_size=80))
+def test_no_value_is_ever_served_past_its_ttl(steps: list[tuple[str, int, int | None]]) -> None:
+    """Puts with and without TTLs, the clock moving, reads, lookups and step boundaries in any
+    order, over a primary smaller than the keys (evictions): whatever is served is the last
+    value put and is not past its TTL; whatever is past it is never served."""
+    h = Harness()  # 8 slots of 256 bytes
+    live: dict[bytes, tuple[bytes, float | None]] = {}  # key -> (value, expiry)
+    for n, (op, i, ttl) in enumerate(steps):
+        k = b"k%d" % i
+        if op == "put":
+            value = b"v%d" % n
+            expires_at = None if ttl is None else h.wall.t + ttl
+            block = value if expires_at is None else encode_inline(memoryview(value), expires_at)
+            assert h.core.put(k, block, expires_at=expires_at)
+            live[k] = (value, expires_at)
+        elif op == "tick":
+            h.wall.t += i
+        elif op == "get":
+            got = h.core.cached(k)
+            if got is not None:
+                value, expires_at = live[k]
+                if expires_at is None:
+                    assert got == value
+                else:
+                    head = read_inline(got)
+                    assert head is not None and head[1] == value
+                    assert h.wall.t < expires_at  # never past it
+        elif op == "lookup":
+            scan = h.core.promotions.begin([k], None)
+            if scan.results[0] is HIT:
+                _value, expires_at = live[k]
+                assert expires_at is None or h.wall.t < expires_at
+        else:
+            h.core.end_step((), ())
+            at = h.core.table.deadlines.at
+            assert all(t > h.wall.t for t in at.values()) or len(at) > 1024
