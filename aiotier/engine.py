@@ -447,7 +447,8 @@ class TieringEngine:
         try:
             data = await self._cache.get(k)
             if data is not None and has_head(data):
-                return await self._values.get(k, data)
+                value = self._values.inline(data)  # a small value with a TTL, live
+                return value if value is not None else await self._values.get(k, data)
             return data
         finally:
             self._export.flush_if_full()

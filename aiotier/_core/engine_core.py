@@ -498,8 +498,12 @@ class EngineCore:
         promotion of it in flight: then those are awaited instead. A block past its deadline
         is dropped here and answers None.
         """
-        if self.table.deadlines.at:  # blocks with a TTL: one past its deadline goes now
-            self.expiry.check((k,))
+        at = self.table.deadlines.at
+        if at:  # blocks with a TTL: one past its deadline goes now
+            slot = self.table.index.get(k)
+            t = None if slot is None else at.get(slot)
+            if t is not None and self.expiry.wall_clock() >= t:
+                self.expiry.check((k,))
         data = self.copy_ready(k)
         if data is None and k not in self.table.index:
             down = self.coherence.in_transit.get(k)

@@ -187,7 +187,7 @@ def read_inline(block: bytes) -> tuple[float, bytes] | None:
     """``(expires_at, value)`` of an inline value (a format-2 head with ``pieces=0`` and the
     value after it), else None. The hits' path: the head's checksum is checked, the value's
     digest is not (a block in the primary holds what was written or verified on its way in,
-    as a value without a TTL does; :meth:`Values.get` checks it)."""
+    as a value without a TTL has none)."""
     if (
         len(block) < HEAD2_BYTES
         or block[len(MANIFEST_MAGIC)] != _FORMAT_TTL
