@@ -124,7 +124,8 @@ class TieringEngine:
         # the primary-hit paths read these directly (the table never replaces them)
         self._index = primary.table.index
         self._state = primary.table.state
-        self._all_ready = primary.table.all_ready
+        # every key ready, none with a TTL (the slow path checks deadlines): the prefix hits
+        self._live_ready = primary.table.live_ready
         # slots holding a block with a TTL (most slots have none: one membership test)
         self._expiring = primary.table.deadlines.at
         self._stats = core.stats
@@ -296,9 +297,8 @@ class TieringEngine:
         keys = _key_sequence(keys, req)
         if (
             self._fast
-            and not self._expiring  # blocks with a TTL: the slow path checks their deadlines
             and _only_bytes(keys)
-            and self._all_ready(keys)  # type: ignore[arg-type]
+            and self._live_ready(keys)  # type: ignore[arg-type]
         ):
             # all hits (a miss, a str key or a bad one goes the slow way: it answers or names it)
             n = len(keys)
@@ -323,9 +323,8 @@ class TieringEngine:
         check_positive("timeout", timeout, allow_zero=True)
         if (
             self._fast
-            and not self._expiring
             and _only_bytes(keys)
-            and self._all_ready(keys)  # type: ignore[arg-type]
+            and self._live_ready(keys)  # type: ignore[arg-type]
         ):
             ready = len(keys)
             self._stats.primary_hit += ready

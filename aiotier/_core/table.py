@@ -115,6 +115,18 @@ class BlockTable:
         except (KeyError, TypeError):  # absent, or not a key at all
             return False
 
+    def live_ready(self, keys: Sequence[bytes]) -> bool:
+        """:meth:`all_ready`, and none of them holds a block with a TTL (whose deadline the
+        slow path checks): one more C-level test, only while some slot has a deadline."""
+        try:
+            slots = gather(self.index, keys)
+            if gather(self.state, slots).count(READY) != len(keys):
+                return False
+        except (KeyError, TypeError):  # absent, or not a key at all
+            return False
+        at = self.deadlines.at
+        return not at or at.keys().isdisjoint(slots)
+
     def owns_all(self, keys: Sequence[bytes], slots: Sequence[int]) -> bool:
         """Whether each slot is still the current slot of its key."""
         try:

@@ -86,7 +86,7 @@ class CallerThreadAnswers:
     bad argument) is answered by the loop, which also names the bad argument."""
 
     __slots__ = (
-        "_all_ready", "_cached", "_expiring", "_guard", "_index", "_state", "_stats", "fast",
+        "_cached", "_expiring", "_guard", "_index", "_live_ready", "_state", "_stats", "fast",
     )  # fmt: skip
 
     def __init__(
@@ -97,7 +97,7 @@ class CallerThreadAnswers:
         cached: Callable[[bytes], bytes | None],
     ) -> None:
         # the table never replaces these: read directly
-        self._index, self._state, self._all_ready = table.index, table.state, table.all_ready
+        self._index, self._state, self._live_ready = table.index, table.state, table.live_ready
         self._expiring = table.deadlines.at  # slots with a TTL: the loop checks their deadline
         self._guard = guard
         self._stats = stats
@@ -139,7 +139,7 @@ class CallerThreadAnswers:
         if _valid_key(b"", req) is None:
             return None
         with self._guard.lock:
-            if not (self.fast and not self._expiring and self._all_ready(ks)):
+            if not (self.fast and self._live_ready(ks)):
                 return None
             self._stats.primary_hit += len(ks)
             return len(ks)

@@ -82,8 +82,8 @@ class CountingEngine(TieringEngine):
     get_deferrals = 0
     stored: Callable[[str, bytes], None] = staticmethod(lambda key, value: None)
 
-    def _put(self, key: Any, data: Any) -> Any:
-        stored, acks = super()._put(key, data)
+    def _put(self, key: Any, data: Any, *ttl: Any) -> Any:
+        stored, acks = super()._put(key, data, *ttl)
         if stored:
             self.stored(key, data)
         return stored, acks
