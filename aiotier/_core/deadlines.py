@@ -2,8 +2,8 @@
 memory and SSD tiers', by key).
 
 Only slots whose block carries an expiry have an entry (``at``: slot -> unix seconds), so the
-primary-hit fast paths pay one dict membership test for the others (none at all while no slot
-has a deadline: the prefix fast path checks that the dict is empty). A heap of ``(deadline,
+primary-hit fast paths pay one dict membership test for the others (the prefix fast path one
+``isdisjoint`` over its slots, and nothing while no slot has a deadline). A heap of ``(deadline,
 slot)`` lets the step boundary reclaim expired slots in deadline order with bounded work;
 entries of slots whose deadline changed or went are skipped when they surface (and the heap is
 rebuilt when they outnumber the live ones). Plain state: the caller passes ``now``.
