@@ -124,6 +124,7 @@ class TieringEngine:
         # the primary-hit paths read these directly (the table never replaces them)
         self._index = primary.table.index
         self._state = primary.table.state
+        self._all_ready = primary.table.all_ready
         # every key ready, none with a TTL (the slow path checks deadlines): the prefix hits
         self._live_ready = primary.table.live_ready
         # slots holding a block with a TTL (most slots have none: one membership test)
@@ -298,7 +299,8 @@ class TieringEngine:
         if (
             self._fast
             and _only_bytes(keys)
-            and self._live_ready(keys)  # type: ignore[arg-type]
+            # with blocks with a TTL about, also none of these may have one (slow path checks)
+            and (self._live_ready if self._expiring else self._all_ready)(keys)  # type: ignore[arg-type]
         ):
             # all hits (a miss, a str key or a bad one goes the slow way: it answers or names it)
             n = len(keys)
@@ -324,7 +326,8 @@ class TieringEngine:
         if (
             self._fast
             and _only_bytes(keys)
-            and self._live_ready(keys)  # type: ignore[arg-type]
+            # with blocks with a TTL about, also none of these may have one (slow path checks)
+            and (self._live_ready if self._expiring else self._all_ready)(keys)  # type: ignore[arg-type]
         ):
             ready = len(keys)
             self._stats.primary_hit += ready
