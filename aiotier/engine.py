@@ -471,7 +471,8 @@ class TieringEngine:
         """
         if not callable(loader):
             raise TypeError(f"get_or_load: loader must be an async callable, got {loader!r}")
-        expires = self.options.default_ttl if ttl is None else self._ttl(ttl)
+        if ttl is not None:
+            ttl = self._ttl(ttl)  # checked on a hit too
         data = self._now.cached(key, None)  # a primary hit starts no task
         if data is not None:
             if not has_head(data):
@@ -483,6 +484,8 @@ class TieringEngine:
         with self._guard.lock:
             self._check_open()
         self._guard.check_loop()
+
+        expires = self.options.default_ttl if ttl is None else ttl
 
         def store(k: bytes, data: bytes) -> Awaitable[bool]:
             return self._store(k, data, expires)

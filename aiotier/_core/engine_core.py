@@ -174,6 +174,7 @@ class EngineCore:
             wall_clock=wall_clock,
         )
         self.promotions.expiry = self.expiry
+        self._deadlines = table.deadlines.at  # never replaced: read directly by get's hits
         self._tier_evictions = [0] * len(self.tier_names)
         self._tier_expirations = [0] * len(self.tier_names)
 
@@ -498,7 +499,7 @@ class EngineCore:
         promotion of it in flight: then those are awaited instead. A block past its deadline
         is dropped here and answers None.
         """
-        at = self.table.deadlines.at
+        at = self._deadlines
         if at:  # blocks with a TTL: one past its deadline goes now
             slot = self.table.index.get(k)
             t = None if slot is None else at.get(slot)
