@@ -39,7 +39,7 @@ from ._ssd.handover import Handover
 from ._ssd.hops import CANCEL_GRACE, HOP_MAX_BYTES, HOP_MAX_OPS, HopRunner
 from ._ssd.index import SSDIndex, WritePlan
 from ._ssd.inspection import SSDInspection, inspect_directory
-from ._ssd.ops import SlotClears, SlotReads, SlotWrites, byte_view
+from ._ssd.ops import WRITE_OP_MAX, SlotClears, SlotReads, SlotWrites, byte_view
 from ._ssd.reads import ReadBatch
 from ._ssd.startup import SSDStart
 from ._ssd.turns import KeyTurns
@@ -255,6 +255,16 @@ class SSDTier(SecondaryTier):
         parts = min(runner.threads, n, max(1, nbytes // _SPLIT_BYTES))
         return max(parts, -(-n // HOP_MAX_OPS), -(-nbytes // HOP_MAX_BYTES))
 
+    def _write_parts(self, n: int, runner: HopRunner) -> int:
+        """Write ops to split a batch of ``n`` blocks into: one per thread when it is large
+        enough to pay for the hops, each at most :data:`WRITE_OP_MAX` blocks and
+        :data:`HOP_MAX_BYTES`. Every op is a hop of its own, with one ``pwritev`` per run of
+        adjacent slots: each system call is a moment its thread must win the GIL back, which
+        takes a switch interval (5 ms) while the event loop is busy."""
+        nbytes = n * (self.block_size or 0)
+        parts = min(runner.threads, n, max(1, nbytes // _SPLIT_BYTES))
+        return max(parts, -(-n // WRITE_OP_MAX), -(-nbytes // HOP_MAX_BYTES))
+
     # -- reads ---------------------------------------------------------------------------------
 
     async def lookup_many(self, keys: Sequence[bytes]) -> list[LookupResult]:
@@ -361,7 +371,7 @@ class SSDTier(SecondaryTier):
                 # a close that began while this waited (for its keys' turn, for room) has
                 # drained the disk work and is saving the index: nothing more may land
                 runner = self._check_open()
-                parts = self._parts(len(batch.pending), runner)
+                parts = self._write_parts(len(batch.pending), runner)
                 ops = [
                     SlotWrites(self.fsync, self._slot_size, self._writes_done) for _ in range(parts)
                 ]
