@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from functools import partial
+from typing import Any, TypeVar
 
 from .._core.engine_core import EngineCore
 from .._core.inflight import PromotionBatch
@@ -27,6 +28,7 @@ from .threads import EngineLock
 __all__ = ["TierReads"]
 
 _now = time.perf_counter
+_T = TypeVar("_T")
 
 
 class TierReads:
@@ -49,8 +51,8 @@ class TierReads:
         self.tasks: set[asyncio.Task[None]] = set()
         # per tier, batches whose read has not started: they join the next one
         self._queued: dict[int, list[PromotionBatch]] = {}
-        #: per tier, whether its reads never suspend (read at once, :meth:`_read_inline`)
-        self._inline = tuple(map(_reads_never_suspend, self._tiers))
+        #: per tier, whether its lookups and reads never suspend (called at once, unbounded)
+        self._inline = tuple(map(_never_suspends, self._tiers))
 
     async def scan(
         self,
@@ -120,8 +122,11 @@ class TierReads:
         tier = self._tiers[ti]
         ok: bool | None = None
         try:
-            async with asyncio.timeout(self._timeout):
-                answers = await tier.lookup_many(keys)
+            if self._inline[ti]:  # returns before anything else runs: nothing to time out
+                answers = _run_now(tier.lookup_many(keys))
+            else:
+                async with asyncio.timeout(self._timeout):
+                    answers = await tier.lookup_many(keys)
             if len(answers) != len(keys):
                 raise TieringError(
                     f"tier {tier.name!r} answered {len(answers)} lookups for {len(keys)} keys"
@@ -154,24 +159,18 @@ class TierReads:
             task.add_done_callback(self.tasks.discard)
 
     def _read_inline(self, ti: int, batches: list[PromotionBatch]) -> None:
-        """Read from a tier whose ``read_many_into`` never suspends (it copies from this
-        process's memory), here and now: its call returns before anything else runs, so it
-        needs no task, and no timer to bound it. A call that suspends after all is closed,
-        never resumed, and fails the read."""
+        """Read from a tier whose reads never suspend (they copy from this process's memory),
+        here and now: the call returns before anything else runs, so it needs no task, and no
+        timer to bound it."""
         if not self._breakers.allow(ti):
             self._completed(batches, Outcome.ERROR)
             return
-        read = self._tiers[ti].read_many_into(*self._targets(batches))
         outcome, lengths, ok = Outcome.ERROR, [], False
         try:
-            read.send(None)
-        except StopIteration as returned:
-            outcome, lengths = Outcome.OK, returned.value
-            ok = answered(lengths)
+            lengths = _run_now(self._tiers[ti].read_many_into(*self._targets(batches)))
+            outcome, ok = Outcome.OK, answered(lengths)
         except Exception:
             pass
-        else:
-            read.close()
         self._completed(batches, outcome, lengths)
         self._breakers.record(ti, ok)
 
@@ -323,9 +322,27 @@ class _Read:
         self.held: list[int] = []  # slots still pinned by the read the timer gave up on
 
 
-def _reads_never_suspend(tier: SecondaryTier) -> bool:
-    """A :class:`~aiotier.MemoryTier` with its own reads (a subclass may await in its own)."""
-    return isinstance(tier, MemoryTier) and type(tier).read_many_into is MemoryTier.read_many_into
+def _never_suspends(tier: SecondaryTier) -> bool:
+    """A :class:`~aiotier.MemoryTier` with its own lookups and reads (a subclass may await in
+    its own)."""
+    cls = type(tier)
+    return (
+        isinstance(tier, MemoryTier)
+        and cls.lookup_many is MemoryTier.lookup_many
+        and cls.read_many_into is MemoryTier.read_many_into
+    )
+
+
+def _run_now(call: Coroutine[Any, Any, _T]) -> _T:
+    """What ``call``, a tier call that never suspends, returns (or raises); one that suspends
+    after all is closed, never resumed, and raises ``TieringError``."""
+    try:
+        call.send(None)
+    except StopIteration as returned:
+        result: _T = returned.value
+        return result
+    call.close()
+    raise TieringError("a tier call expected never to suspend suspended")
 
 
 def _wake(fut: asyncio.Future[None]) -> None:
