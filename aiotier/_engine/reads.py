@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from functools import partial
+from typing import Any, TypeVar
 
 from .._core.engine_core import EngineCore
 from .._core.inflight import PromotionBatch
@@ -20,12 +21,14 @@ from .._core.scan import LookupScan
 from .._types import LookupResult
 from ..errors import TieringError
 from ..tiers.base import SecondaryTier
+from ..tiers.memory import MemoryTier
 from .breakers import Breakers, answered
 from .threads import EngineLock
 
 __all__ = ["TierReads"]
 
 _now = time.perf_counter
+_T = TypeVar("_T")
 
 
 class TierReads:
@@ -48,6 +51,8 @@ class TierReads:
         self.tasks: set[asyncio.Task[None]] = set()
         # per tier, batches whose read has not started: they join the next one
         self._queued: dict[int, list[PromotionBatch]] = {}
+        #: per tier, whether its lookups and reads never suspend (called at once, unbounded)
+        self._inline = tuple(map(_never_suspends, self._tiers))
 
     async def scan(
         self,
@@ -117,8 +122,11 @@ class TierReads:
         tier = self._tiers[ti]
         ok: bool | None = None
         try:
-            async with asyncio.timeout(self._timeout):
-                answers = await tier.lookup_many(keys)
+            if self._inline[ti]:  # returns before anything else runs: nothing to time out
+                answers = _run_now(tier.lookup_many(keys))
+            else:
+                async with asyncio.timeout(self._timeout):
+                    answers = await tier.lookup_many(keys)
             if len(answers) != len(keys):
                 raise TieringError(
                     f"tier {tier.name!r} answered {len(answers)} lookups for {len(keys)} keys"
@@ -132,18 +140,58 @@ class TierReads:
             self._breakers.record(ti, ok)
 
     def start(self, batches: list[PromotionBatch]) -> None:
-        """Read ``batches``: each joins the read of its tier that has not started yet, if any
-        (lookups of one scheduler step make one read per tier), else starts one."""
+        """Read ``batches``: from a tier whose reads never suspend, at once; else each joins
+        the read of its tier that has not started yet, if any (lookups of one scheduler step
+        make one read per tier), else starts one."""
         for batch in batches:
-            queued = self._queued.get(batch.tier)
+            ti = batch.tier
+            if self._inline[ti]:
+                self._read_inline(ti, [batch])
+                continue
+            queued = self._queued.get(ti)
             if queued is not None:
                 queued.append(batch)
                 continue
-            self._queued[batch.tier] = [batch]
-            name = f"aiotier-promote-{self._tiers[batch.tier].name}"
-            task = asyncio.get_running_loop().create_task(self._promote(batch.tier), name=name)
+            self._queued[ti] = [batch]
+            name = f"aiotier-promote-{self._tiers[ti].name}"
+            task = asyncio.get_running_loop().create_task(self._promote(ti), name=name)
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+
+    def _read_inline(self, ti: int, batches: list[PromotionBatch]) -> None:
+        """Read from a tier whose reads never suspend (they copy from this process's memory),
+        here and now: the call returns before anything else runs, so it needs no task, and no
+        timer to bound it."""
+        if not self._breakers.allow(ti):
+            self._completed(batches, Outcome.ERROR)
+            return
+        outcome, lengths, ok = Outcome.ERROR, [], False
+        try:
+            lengths = _run_now(self._tiers[ti].read_many_into(*self._targets(batches)))
+            outcome, ok = Outcome.OK, answered(lengths)
+        except Exception:
+            pass
+        self._completed(batches, outcome, lengths)
+        self._breakers.record(ti, ok)
+
+    def _targets(self, batches: list[PromotionBatch]) -> tuple[list[bytes], list[memoryview]]:
+        """The keys of ``batches`` and views of the slots reserved for them (the slots stay
+        the read's until it completes: no lock needed)."""
+        if len(batches) == 1:
+            keys, slots = batches[0].keys, batches[0].slots
+        else:
+            keys = [k for b in batches for k in b.keys]
+            slots = [s for b in batches for s in b.slots]
+        return keys, self._core.arena.slot_views(slots)
+
+    def _completed(
+        self,
+        batches: list[PromotionBatch],
+        outcome: Outcome,
+        lengths: Sequence[int | Exception] = (),
+    ) -> None:
+        with self._guard.lock:
+            self._core.promotions.completed(batches, outcome, lengths)
 
     async def _promote(self, ti: int) -> None:
         """Read the batches queued for tier ``ti`` straight into their reserved slots.
@@ -154,15 +202,11 @@ class TierReads:
         read that returns after ``aclose`` cancelled it is counted cancelled all the same.
         """
         batches = self._queued.pop(ti)
-        lock = self._guard.lock
         if not self._breakers.allow(ti):  # the circuit is open: the read fails unattempted
-            with lock:
-                self._core.promotions.completed(batches, Outcome.ERROR)
+            self._completed(batches, Outcome.ERROR)
             return
         tier = self._tiers[ti]
-        keys = [k for b in batches for k in b.keys] if len(batches) > 1 else batches[0].keys
-        slots = [s for b in batches for s in b.slots] if len(batches) > 1 else batches[0].slots
-        views = self._core.arena.slot_views(slots)  # the slots stay the read's: no lock needed
+        keys, views = self._targets(batches)
         read = _Read(ti, batches)
         task = asyncio.current_task()
         assert task is not None
@@ -184,12 +228,11 @@ class TierReads:
             timer.cancel()
             if outcome is Outcome.OK and not read.given_up and task.cancelling():
                 outcome, ok = Outcome.CANCELLED, None  # the tier swallowed aclose's cancel
-            with lock:
-                if read.given_up:  # settled by the timer: the read has stopped now
+            if read.given_up:  # settled by the timer: the read has stopped now
+                with self._guard.lock:
                     self._core.promotions.release_read_pins(read.held)
-                else:
-                    self._core.promotions.completed(batches, outcome, lengths)
-            if not read.given_up:
+            else:
+                self._completed(batches, outcome, lengths)
                 self._breakers.record(ti, ok)
 
     def _give_up(self, read: _Read, task: asyncio.Task[None]) -> None:
@@ -277,6 +320,29 @@ class _Read:
         self.finished = False  # the tier's call returned, raised or was cancelled
         self.given_up = False
         self.held: list[int] = []  # slots still pinned by the read the timer gave up on
+
+
+def _never_suspends(tier: SecondaryTier) -> bool:
+    """A :class:`~aiotier.MemoryTier` with its own lookups and reads (a subclass may await in
+    its own)."""
+    cls = type(tier)
+    return (
+        isinstance(tier, MemoryTier)
+        and cls.lookup_many is MemoryTier.lookup_many
+        and cls.read_many_into is MemoryTier.read_many_into
+    )
+
+
+def _run_now(call: Coroutine[Any, Any, _T]) -> _T:
+    """What ``call``, a tier call that never suspends, returns (or raises); one that suspends
+    after all is closed, never resumed, and raises ``TieringError``."""
+    try:
+        call.send(None)
+    except StopIteration as returned:
+        result: _T = returned.value
+        return result
+    call.close()
+    raise TieringError("a tier call expected never to suspend suspended")
 
 
 def _wake(fut: asyncio.Future[None]) -> None:

@@ -40,7 +40,7 @@ from ._ssd.handover import Handover
 from ._ssd.hops import CANCEL_GRACE, HOP_MAX_BYTES, HOP_MAX_OPS, HopRunner
 from ._ssd.index import SSDIndex, WritePlan
 from ._ssd.inspection import SSDInspection, inspect_directory
-from ._ssd.ops import SlotClears, SlotReads, SlotWrites, byte_view
+from ._ssd.ops import WRITE_OP_MAX, SlotClears, SlotReads, SlotWrites, byte_view
 from ._ssd.reads import ReadBatch
 from ._ssd.startup import SSDStart
 from ._ssd.turns import KeyTurns
@@ -270,16 +270,22 @@ class SSDTier(SecondaryTier):
         return self._runner
 
     def _parts(self, n: int, runner: HopRunner) -> int:
-        """Ops to split a batch of ``n`` blocks into: one per thread when it is large enough
-        to pay for the hops, within the hop caps; one while the tier reads from the disk."""
+        """Read ops to split a batch of ``n`` blocks into (:func:`_split`); one while the tier
+        reads from the disk."""
         nbytes = n * (self.block_size or 0)
         if runner.nowait.resting:
             # The tier found the disk a moment ago: one thread reads the batch in file order,
             # a single stream for the kernel's readahead (a second thread taking every other
             # block of one file resets it: see NowaitProbe).
             return max(1, -(-nbytes // HOP_MAX_BYTES))
-        parts = min(runner.threads, n, max(1, nbytes // _SPLIT_BYTES))
-        return max(parts, -(-n // HOP_MAX_OPS), -(-nbytes // HOP_MAX_BYTES))
+        return _split(n, nbytes, runner.threads, HOP_MAX_OPS)
+
+    def _write_parts(self, n: int, runner: HopRunner) -> int:
+        """Write ops to split a batch of ``n`` blocks into (:func:`_split`): larger than read
+        ops, since each op's thread must win the GIL back after every system call (the hop's
+        start, each ``pwritev``, its end), which takes a switch interval (5 ms) while the event
+        loop is busy; a write op is one ``pwritev`` per run of adjacent slots."""
+        return _split(n, n * (self.block_size or 0), runner.threads, WRITE_OP_MAX)
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -420,7 +426,7 @@ class SSDTier(SecondaryTier):
                 # a close that began while this waited (for its keys' turn, for room) has
                 # drained the disk work and is saving the index: nothing more may land
                 runner = self._check_open()
-                parts = self._parts(len(batch.pending), runner)
+                parts = self._write_parts(len(batch.pending), runner)
                 ops = [
                     SlotWrites(self.fsync, self._slot_size, self._writes_done) for _ in range(parts)
                 ]
@@ -612,6 +618,13 @@ def _unavailable(message: str, cause: OSError) -> TierUnavailableError:
 
 def _as_exception(exc: BaseException) -> Exception:
     return exc if isinstance(exc, Exception) else TieringError(repr(exc))
+
+
+def _split(n: int, nbytes: int, threads: int, per_op: int) -> int:
+    """Ops for a batch of ``n`` blocks of ``nbytes`` in all: one per thread when the batch is
+    large enough to pay for the hops, each at most ``per_op`` blocks and ``HOP_MAX_BYTES``."""
+    parts = min(threads, n, max(1, nbytes // _SPLIT_BYTES))
+    return max(parts, -(-n // per_op), -(-nbytes // HOP_MAX_BYTES))
 
 
 def _default_io_threads() -> int:

@@ -15,6 +15,11 @@ coherence with writes in flight, admission, circuit breakers, the lock for other
 failures of any kind (it raises instead), OpenTelemetry. So its figure bounds what a Python
 engine over this asyncio loop can reach on the machine that runs it: a ceiling measured in the
 same run, as ``same_work_all_cpus`` is for SSD promotion.
+
+``inline=True`` makes the design choice the engine makes for a tier whose calls never suspend
+(a ``MemoryTier``): the lookup and the read are called at once, in ``lookup_prefix``, with no
+timer, task or waiter (nothing can time out in a call that returns before anything else runs).
+That is the ceiling of an engine built that way.
 """
 
 from __future__ import annotations
@@ -49,8 +54,11 @@ class _Batch:
 class BareEngine:
     """A primary of ``num_blocks`` slots of ``block_size`` bytes over one memory tier."""
 
-    def __init__(self, num_blocks: int, block_size: int, tier: MemoryTier) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, tier: MemoryTier, *, inline: bool = False
+    ) -> None:
         self._tier = tier
+        self._inline = inline
         self._bs = block_size
         self._index: dict[bytes, int] = {}
         self._owners: list[bytes | None] = [None] * num_blocks
@@ -75,7 +83,8 @@ class BareEngine:
         if any(k in index for k in keys):
             raise NotImplementedError("the bare protocol promotes keys the primary lacks")
         started = _now()
-        answers = await _bounded(self._tier.lookup_many(keys))
+        call = self._tier.lookup_many(keys)
+        answers = await (call if self._inline else _bounded(call))
         if answers.count(LookupResult.HIT) != len(keys):
             raise NotImplementedError("the bare protocol promotes keys the tier has")
         counts = self._counts
@@ -91,6 +100,9 @@ class BareEngine:
         self._flying.update(dict.fromkeys(keys, batch))
         self._deferred.append(now)
         self._samples.append(("sync_delay", now - started))
+        if self._inline:
+            await self._promote(batch)
+            return None
         task = asyncio.get_running_loop().create_task(self._promote(batch))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -131,7 +143,8 @@ class BareEngine:
     async def _promote(self, batch: _Batch) -> None:
         view, bs = self._view, self._bs
         views = [view[s * bs : s * bs + bs] for s in batch.slots]
-        lengths = await _bounded(self._tier.read_many_into(batch.keys, views))
+        call = self._tier.read_many_into(batch.keys, views)
+        lengths = await (call if self._inline else _bounded(call))
         state, clean, pins, out = self._state, self._clean, self._pins, self._lengths
         read = 0
         for s, n in zip(batch.slots, lengths, strict=True):

@@ -13,6 +13,7 @@ import tracemalloc
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from aiotier import (
@@ -518,6 +519,8 @@ async def memory_promote(rounds: int, n_keys: int = 4096) -> list[Case]:
     ``bare_protocol``: the anonymous variant's calls made by
     :class:`~aiotier_bench.bare.BareEngine` (only the state any engine of the SPEC must keep,
     over the same kind of tier): what a Python engine can reach on this loop and machine.
+    ``bare_inline``: the same with the engine's choice for a tier whose calls never suspend (its
+    lookup and read called at once, no task, timer or waiter): the ceiling of that design.
     ``python_calls_per_block`` counts the interpreter's profile events over one more round of
     each variant (:class:`~aiotier_bench.counting.CallCounter`): noise-free, unlike the time.
     """
@@ -535,11 +538,14 @@ async def memory_promote(rounds: int, n_keys: int = 4096) -> list[Case]:
         await engine.open()
         engines[variant] = engine
     serial = itertools.count()
-    bare_tier = MemoryTier(2 * n_keys * bs)
-    await bare_tier.write_many(list(zip(keys, values, strict=True)))
-    bare = BareEngine(PROMOTE_PRIMARY, bs, bare_tier)
+    bares: dict[bool, BareEngine] = {}
+    for inline in (False, True):
+        bare_tier = MemoryTier(2 * n_keys * bs)
+        await bare_tier.write_many(list(zip(keys, values, strict=True)))
+        bares[inline] = BareEngine(PROMOTE_PRIMARY, bs, bare_tier, inline=inline)
 
-    async def bare_round() -> float:
+    async def bare_round(inline: bool = False) -> float:
+        bare = bares[inline]
         before = bare.totals[_PROMOTED_OK]
         lookup_prefix, wait, end_step = bare.lookup_prefix, bare.wait, bare.end_step
         t = _now()
@@ -603,7 +609,13 @@ async def memory_promote(rounds: int, n_keys: int = 4096) -> list[Case]:
 
     try:
         med = await alternate(
-            {"floor": floor, "request": with_request, "anonymous": anonymous, "bare": bare_round},
+            {
+                "floor": floor,
+                "request": with_request,
+                "anonymous": anonymous,
+                "bare": bare_round,
+                "bare_inline": partial(bare_round, True),
+            },
             rounds,
         )
         calls: dict[str, tuple[float, float]] = {}
@@ -645,6 +657,8 @@ async def memory_promote(rounds: int, n_keys: int = 4096) -> list[Case]:
                     "bare_protocol_us_per_block": med["bare"],
                     "bare_protocol_ratio_to_floor": med["floor"] / med["bare"],
                     "ratio_to_bare_protocol": med["bare"] / med[variant],
+                    "bare_inline_us_per_block": med["bare_inline"],
+                    "ratio_to_bare_inline": med["bare_inline"] / med[variant],
                     **(
                         {
                             "core_phases_us_per_batch": phases,

@@ -21,21 +21,29 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from ...errors import BlockCorruptedError
 from .hops import NEEDS_DISK, DiskOp
 from .slot import CLEARED, HEAD_SIZE, check_slot, encode_head
 from .syscalls import NowaitProbe, pwrite_all, read_exact_into, skip_views, yield_cpu
 
-__all__ = ["SlotClears", "SlotOp", "SlotReads", "SlotWrites", "byte_view", "read_slot"]
+__all__ = [
+    "WRITE_OP_MAX",
+    "SlotClears",
+    "SlotOp",
+    "SlotReads",
+    "SlotWrites",
+    "byte_view",
+    "read_slot",
+]
 
 
 #: Cold reads this close together are advised as one range (the bytes between are few).
 _MERGE_GAP = 64 << 10
-#: Most adjacent slots written by one ``pwritev``: 3 buffers each at most (header, payload, one
-#: run of zeros), well under ``IOV_MAX`` (1024 on Linux).
-_RUN_MAX = 128
+#: Most blocks of one write op, and so most adjacent slots written by one ``pwritev``: 3 buffers
+#: each at most (header, payload, one run of zeros), well under ``IOV_MAX`` (1024 on Linux).
+WRITE_OP_MAX: Final = 128
 #: Written over the unused end of a slot followed by another in the same ``pwritev``; a slot
 #: with a longer unused end ends its run instead.
 _ZEROS = memoryview(bytes(64 << 10))
@@ -303,7 +311,7 @@ class SlotWrites(SlotOp):
             else:
                 runs.append([i])
             fd, at = fds[i], offsets[i]
-            joinable = self._tail(i) <= _ZEROS.nbytes and len(runs[-1]) < _RUN_MAX
+            joinable = self._tail(i) <= _ZEROS.nbytes and len(runs[-1]) < WRITE_OP_MAX
         return runs
 
     def _tail(self, i: int) -> int:
