@@ -141,7 +141,7 @@ class TieringEngine(CacheAPI):
         self._closing: asyncio.Task[None] | None = None
         self._opened = False
         #: the answers other threads get without a hop to the loop (``BlockingEngine``)
-        self._now = CallerThreadAnswers(primary.table, guard, core.stats, core.cached)
+        self._now = CallerThreadAnswers(primary.table, guard, core.stats, core.values.cached)
 
     @property
     def core(self) -> EngineCore:

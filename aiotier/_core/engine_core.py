@@ -31,13 +31,14 @@ from .copy_policy import CopyPolicy
 from .expiry import Expiry
 from .inflight import InflightTable
 from .pins import PinLedger, PromotionShare
+from .primary_values import PrimaryValues
 from .promotion import Promotions
 from .requests import RequestBook, RequestState
 from .staging import StagingBuffers
 from .stats import CountKey, StepSnapshot, StepStats, TotalStats
 from .table import PENDING, PROMOTING, READY, BlockTable, SlotState
 from .write_routes import WriteRoutes
-from .writeback import WriteAcks, WriteQueues, remove
+from .writeback import WriteQueues, remove
 
 __all__ = ["EngineCore"]
 
@@ -174,7 +175,18 @@ class EngineCore:
             wall_clock=wall_clock,
         )
         self.promotions.expiry = self.expiry
-        self._deadlines = table.deadlines.at  # never replaced: read directly by get's hits
+        #: the cache API's synchronous halves: put, and get's hits
+        self.values = PrimaryValues(
+            table,
+            arena,
+            self.copies,
+            self.coherence,
+            self.expiry,
+            self.stats,
+            self.events,
+            primary_name=primary_name,
+            forget=self.forget,
+        )
         self._tier_evictions = [0] * len(self.tier_names)
         self._tier_expirations = [0] * len(self.tier_names)
 
@@ -356,81 +368,7 @@ class EngineCore:
             for k, slot in zip(stored, slots, strict=True):
                 self.copies.replaced_everywhere(k, slot)
 
-    # -- the cache API's synchronous halves --------------------------------------------------------
-
-    def put(
-        self,
-        k: bytes,
-        data: bytes | bytearray | memoryview,
-        acks: WriteAcks | None = None,
-        *,
-        expires_at: float | None = None,
-    ) -> bool:
-        """Store ``data`` in the primary, replacing ``k`` everywhere; False when no room.
-        ``acks`` learns the outcome of each write-through write; ``expires_at``: the block's
-        deadline (its bytes carry it too)."""
-        table = self.table
-        slot = table.index.get(k)
-        if slot is not None and table.state[slot] == READY and table.pins[slot] == 0:
-            self.arena.write(slot, data)  # in place: no new block requested
-            table.touch(slot)
-        else:
-            self.stats.observe("allocation_size", 1)
-            allocate = self.copies.allocate  # the victims' bytes are copied out before reuse
-            got = allocate([k], READY) if slot is None else self._replace_slot(k, slot)
-            if got is None:
-                self.stats.counts[("allocation_failures", "store")] += 1
-                return False
-            (slot,), _ = got
-            self.arena.write(slot, data)
-        self.expiry.deadlines.arm(slot, expires_at)
-        self.events.append(BlockEvent((k,), self.primary_name, False))
-        self.copies.replaced_everywhere(k, slot, acks=acks)
-        return True
-
-    def put_value(
-        self,
-        k: bytes,
-        head: bytes,
-        pieces: Sequence[tuple[bytes, memoryview]],
-        acks: WriteAcks | None = None,
-        *,
-        expires_at: float | None = None,
-    ) -> bool:
-        """Store a value's ``pieces`` (keys never used before) and then ``head``, the block
-        naming them, under ``k``: one allocation, so none of them evicts another, and all or
-        nothing (False, changing nothing, when the primary cannot hold them all now).
-        ``expires_at``: the deadline of every one of them."""
-        old = self.table.index.get(k)
-        keys = [pk for pk, _ in pieces]
-        keys.append(k)
-        self.stats.observe("allocation_size", len(keys))
-        got = self.copies.allocate(keys, READY, () if old is None else (old,))
-        if got is None:
-            self.stats.counts[("allocation_failures", "store")] += 1
-            return False
-        slots, _ = got
-        if old is not None:
-            self.forget(k, old)
-        write, replaced = self.arena.write, self.copies.replaced_everywhere
-        for (pk, data), slot in zip(pieces, slots, strict=False):
-            write(slot, data)
-            replaced(pk, slot, fresh=True, acks=acks)
-        write(slots[-1], head)
-        replaced(k, slots[-1], acks=acks)
-        if expires_at is not None:
-            for slot in slots:
-                self.expiry.deadlines.arm(slot, expires_at)
-        self.events.append(BlockEvent(tuple(keys), self.primary_name, False))
-        return True
-
-    def _replace_slot(self, k: bytes, old: int) -> tuple[list[int], Sequence[bytes]] | None:
-        """A fresh slot for ``k`` whose current slot is pinned, pending or promoting; the old
-        one is forgotten only once the allocation succeeded, so a full arena changes nothing."""
-        got = self.copies.allocate([k], READY, (old,))
-        if got is not None:
-            self.forget(k, old)
-        return got
+    # -- deleting and clearing ------------------------------------------------------------------
 
     def forget(self, k: bytes, slot: int) -> None:
         """Drop the primary's block for ``k``: in-flight readers and loaders keep their pins."""
@@ -490,54 +428,6 @@ class EngineCore:
             self.pins.release_cancelled(rs)
             rs.load_views.release_cancelled()
             rs.store_views.release_cancelled()
-
-    def cached(self, k: bytes) -> bytes | None:
-        """``get``'s hit: the bytes of ``k`` from the primary, or on their way down (put back
-        into the primary if there is room), counted as a primary hit; None otherwise.
-
-        Bytes on their way down are the newest unless a store of the key is pending or a
-        promotion of it in flight: then those are awaited instead. A block past its deadline
-        is dropped here and answers None.
-        """
-        at = self._deadlines
-        if at:  # blocks with a TTL: one past its deadline goes now
-            slot = self.table.index.get(k)
-            t = None if slot is None else at.get(slot)
-            if t is not None and self.expiry.wall_clock() >= t:
-                self.expiry.check((k,))
-        data = self.copy_ready(k)
-        if data is None and k not in self.table.index:
-            down = self.coherence.in_transit.get(k)
-            if down is not None and self.expiry.live(k, down):
-                self.copies.readmit(k, down)
-                data = bytes(down)
-        if data is not None:
-            self.stats.primary_hit += 1
-        return data
-
-    def join_ready(self, keys: Sequence[bytes]) -> bytes | None:
-        """The blocks of ``keys`` joined in one copy when every one is loadable from the
-        primary (each counted as a primary hit and marked recently used); None otherwise."""
-        table = self.table
-        slots: list[int] = []
-        for k in keys:
-            slot = table.ready_slot(k)
-            if slot is None:
-                return None
-            slots.append(slot)
-        for slot in slots:
-            table.touch(slot)
-        self.stats.primary_hit += len(slots)
-        view = self.arena.data_view
-        return b"".join([view(slot) for slot in slots])
-
-    def copy_ready(self, k: bytes) -> bytes | None:
-        """The bytes of ``k`` if it is loadable from the primary (marking it recently used)."""
-        slot = self.table.ready_slot(k)
-        if slot is None:
-            return None
-        self.table.touch(slot)
-        return self.arena.read(slot)
 
     # -- the step boundary -----------------------------------------------------------------------
 

@@ -57,7 +57,7 @@ class CacheCalls:
         """
         core, lock = self._core, self._guard.lock
         with lock:
-            data = core.cached(k)
+            data = core.values.cached(k)
         if data is not None:
             return data
         call = RequestState("get")  # this call's own delays, observed when it ends
@@ -70,7 +70,7 @@ class CacheCalls:
                 with lock:
                     got = core.answers.in_flight(k)
                     if got is None:  # nothing in flight: a concurrent call may have landed it
-                        return core.copy_ready(k) or core.coherence.down_copy(k)
+                        return core.values.copy_ready(k) or core.coherence.down_copy(k)
                 if deferred is None:
                     deferred = _now()
                 data = await self._await_block(k, got[0])
@@ -96,7 +96,7 @@ class CacheCalls:
                 if core.table.ready_slot(k) == slot:
                     return core.arena.read(slot)
                 # replaced by a put meanwhile (the newer bytes), or pushed down while promoting
-                return core.copy_ready(k) or core.coherence.down_copy(k)
+                return core.values.copy_ready(k) or core.coherence.down_copy(k)
         finally:
             with lock:
                 core.table.unpin(slot)

@@ -75,9 +75,10 @@ class Values:
         block_size = core.arena.block_size
         replaced = self.pieces_of(k)  # a value over several blocks goes whole when replaced
         if expires_at is None and not needs_pieces(view, block_size):
-            stored = core.put(k, view, acks)
+            stored = core.values.put(k, view, acks)
         elif expires_at is not None and view.nbytes + HEAD2_BYTES <= block_size:
-            stored = core.put(k, encode_inline(view, expires_at), acks, expires_at=expires_at)
+            head = encode_inline(view, expires_at)
+            stored = core.values.put(k, head, acks, expires_at=expires_at)
         else:
             stored = self._put_pieces(k, view, block_size, acks, expires_at)
         if stored:
@@ -113,7 +114,8 @@ class Values:
                 f"{self.max_bytes} bytes (num_blocks - 1 blocks of {block_size})"
             )
         manifest, pieces = split_value(view, block_size, expires_at=expires_at)
-        return self._core.put_value(k, manifest.encode(), pieces, acks, expires_at=expires_at)
+        put_value = self._core.values.put_value
+        return put_value(k, manifest.encode(), pieces, acks, expires_at=expires_at)
 
     def inline(self, block: bytes) -> bytes | None:
         """The value a block with a head holds in itself, when it is live; None when it is not
@@ -139,7 +141,7 @@ class Values:
             return verified(manifest, block[HEAD2_BYTES:])
         keys = manifest.piece_keys()
         with self._guard.lock:
-            joined = self._core.join_ready(keys)  # all in the primary: one copy, no task
+            joined = self._core.values.join_ready(keys)  # all in the primary: one copy, no task
         if joined is not None:
             return verified(manifest, joined)
         pieces = await asyncio.gather(*(self._get_block(pk) for pk in keys))

@@ -80,7 +80,7 @@ def test_a_promotion_reserves_its_slot_at_once_and_lands_as_a_hit() -> None:
     h.core.arena.slot_views(batch.slots)[0][:3] = b"abc"
     assert h.core.promotions.completed([batch], Outcome.OK, [3]) == []
     assert h.core.answers.settled([b"k"]) == [HIT]
-    assert h.core.copy_ready(b"k") == b"abc"
+    assert h.core.values.copy_ready(b"k") == b"abc"
     assert h.count("promotions", "memory", "ok") == 1
     assert h.count("read_bytes", "memory") == 3
 
@@ -108,19 +108,19 @@ def test_a_timed_out_read_keeps_its_slot_until_it_stops() -> None:
     held = h.core.promotions.completed([batch], Outcome.TIMEOUT, read_stopped=False)
     assert held == batch.slots
     assert h.core.answers.settled([b"k"]) == [MISS]
-    assert not h.core.put(b"x", b"x")  # the only slot is still the read's
+    assert not h.core.values.put(b"x", b"x")  # the only slot is still the read's
     h.core.promotions.release_read_pins(held)
-    assert h.core.put(b"x", b"x")
+    assert h.core.values.put(b"x", b"x")
     assert h.count("promotions", "memory", "timeout") == 1
 
 
 def test_a_put_supersedes_a_block_on_its_way_down() -> None:
     h = Harness(num_blocks=1)
     core = h.core
-    assert core.put(b"a", b"old")
-    assert core.put(b"b", b"b")  # evicts a: its bytes go down, served from memory meanwhile
+    assert core.values.put(b"a", b"old")
+    assert core.values.put(b"b", b"b")  # evicts a: its bytes go down, served from memory meanwhile
     assert core.coherence.in_transit[b"a"] == b"old"
-    assert core.put(b"a", b"new")  # evicts b, replaces a everywhere
+    assert core.values.put(b"a", b"new")  # evicts b, replaces a everywhere
     assert b"a" not in core.coherence.in_transit
     assert not core.coherence.may_read(0, b"a")  # a remove of the older copy is queued
     writes = core.writes.next_batch(0)
@@ -137,14 +137,14 @@ def test_a_put_supersedes_a_block_on_its_way_down() -> None:
     assert (remove.kind, remove.key) == (OpKind.REMOVE, b"a")
     core.writes.removes_applied(0, [remove], [True])
     core.writes.finished(0, [remove])
-    assert core.coherence.may_read(0, b"a") and core.copy_ready(b"a") == b"new"
+    assert core.coherence.may_read(0, b"a") and core.values.copy_ready(b"a") == b"new"
     assert core.writes.idle()
 
 
 def test_a_demotion_past_the_byte_bound_is_dropped_and_the_tier_never_read_for_it() -> None:
     h = Harness(num_blocks=1, max_pending_write_bytes=4)
-    assert h.core.put(b"a", b"12345")
-    assert h.core.put(b"b", b"x")  # a's 5 bytes do not fit the 4-byte bound
+    assert h.core.values.put(b"a", b"12345")
+    assert h.core.values.put(b"b", b"x")  # a's 5 bytes do not fit the 4-byte bound
     assert b"a" not in h.core.coherence.in_transit
     # shed load, not a fault: counted as a dropped demotion, never as a tier error
     assert h.count("demotions_dropped", "memory", "backlog") == 1
@@ -214,7 +214,7 @@ def test_an_anonymous_deferral_ends_when_a_put_supersedes_the_key_it_waits_for()
     h = Harness()
     _, (batch,) = h.lookup([b"k"], [HIT])
     h.clock.t += 0.01
-    assert h.core.put(b"k", b"new")  # k answers HIT from now on
+    assert h.core.values.put(b"k", b"new")  # k answers HIT from now on
     h.clock.t += 4.99
     h.core.promotions.completed([batch], Outcome.TIMEOUT, read_stopped=False)  # the moot read
     assert h.core.stats.samples[("async_delay",)] == [pytest.approx(0.01)]  # once, at the put
@@ -249,8 +249,8 @@ def test_every_counter_the_core_bumps_is_a_metric_with_its_labels() -> None:
     h = Harness(num_blocks=1)
     _, (batch,) = h.lookup([b"k"], [HIT])
     h.core.promotions.completed([batch], Outcome.ERROR)
-    h.core.put(b"a", b"a")
-    h.core.put(b"b", b"b")
+    h.core.values.put(b"a", b"a")
+    h.core.values.put(b"b", b"b")
     h.core.prepare_store([b"c", b"d"], None)
     labels = {m.key: len(m.labels) for m in METRICS}
     snap = h.core.take_step()
@@ -263,16 +263,16 @@ def test_every_counter_the_core_bumps_is_a_metric_with_its_labels() -> None:
 def test_a_clear_forgets_every_block_and_reads_no_tier_until_it_cleared() -> None:
     h = Harness(num_blocks=2, tiers=("memory", "ssd"))
     core = h.core
-    assert core.put(b"a", b"a")
-    assert core.put(b"b", b"b")
-    assert core.put(b"c", b"c")  # evicts a: a write of it is queued for the first tier
+    assert core.values.put(b"a", b"a")
+    assert core.values.put(b"b", b"b")
+    assert core.values.put(b"c", b"c")  # evicts a: a write of it is queued for the first tier
     spec = core.prepare_load([b"b"], "r1")  # b's slot is the loader's until complete_load
     assert core.writes.queued_bytes == 1
     core.take_events()
 
     core.clear()
     assert core.table.index == {}
-    assert core.copy_ready(b"a") is None and core.coherence.in_transit == {}
+    assert core.values.copy_ready(b"a") is None and core.coherence.in_transit == {}
     (event,) = core.take_events()
     assert (set(event.keys), event.tier, event.removed) == ({b"b", b"c"}, "primary", True)
     assert len(core.writes) == 0 and core.writes.queued_bytes == 0

@@ -78,7 +78,8 @@ class Harness:
 
     def put(self, k: bytes, data: bytes, ttl: float) -> None:
         expires_at = self.wall.t + ttl
-        assert self.core.put(k, encode_inline(memoryview(data), expires_at), expires_at=expires_at)
+        head = encode_inline(memoryview(data), expires_at)
+        assert self.core.values.put(k, head, expires_at=expires_at)
         self.queued_removes()  # the put's own (of older copies below): not the expiry's
 
     def count(self, tier: str) -> int:
@@ -92,7 +93,7 @@ class Harness:
 def test_a_slot_past_its_deadline_answers_as_absent_and_is_reclaimed() -> None:
     h = Harness()
     h.put(b"k", b"v", ttl=10)
-    assert h.core.cached(b"k") is not None
+    assert h.core.values.cached(b"k") is not None
     h.wall.t += 10
     scan = h.core.promotions.begin([b"k"], None)
     assert scan.open == [0]  # not the primary's any more: the tiers are asked
@@ -107,7 +108,7 @@ def test_a_tier_that_expires_blocks_itself_gets_no_remove() -> None:
     h = Harness(tier_expiry=True)
     h.put(b"k", b"v", ttl=10)
     h.wall.t += 11
-    assert h.core.cached(b"k") is None
+    assert h.core.values.cached(b"k") is None
     assert h.queued_removes() == []
 
 
@@ -147,7 +148,8 @@ def test_a_promoted_block_that_lands_expired_is_dropped_and_removed_from_its_tie
 def test_pieces_carry_the_expiry_in_their_keys() -> None:
     h = Harness()
     manifest, pieces = split_value(memoryview(bytes(600)), 256, expires_at=h.wall.t + 5)
-    assert h.core.put_value(b"big", manifest.encode(), pieces, expires_at=manifest.expires_at)
+    put_value = h.core.values.put_value
+    assert put_value(b"big", manifest.encode(), pieces, expires_at=manifest.expires_at)
     assert len(h.core.table.deadlines) == 4
     h.wall.t += 5
     assert h.core.expiry.reclaim(100) == 4
@@ -176,12 +178,12 @@ def test_no_value_is_ever_served_past_its_ttl(steps: list[tuple[str, int, int | 
             value = b"v%d" % n
             expires_at = None if ttl is None else h.wall.t + ttl
             block = value if expires_at is None else encode_inline(memoryview(value), expires_at)
-            assert h.core.put(k, block, expires_at=expires_at)
+            assert h.core.values.put(k, block, expires_at=expires_at)
             live[k] = (value, expires_at)
         elif op == "tick":
             h.wall.t += i
         elif op == "get":
-            got = h.core.cached(k)
+            got = h.core.values.cached(k)
             if got is not None:
                 value, expires_at = live[k]
                 if expires_at is None:

@@ -41,13 +41,13 @@ def core_with(num_blocks: int = 1, *, stage: bool = True) -> EngineCore:
 
 def test_a_demotion_written_gives_its_buffer_back() -> None:
     core = core_with()
-    assert core.put(b"a", b"aaaa") and core.put(b"b", b"bbbb")  # evicts a
+    assert core.values.put(b"a", b"aaaa") and core.values.put(b"b", b"bbbb")  # evicts a
     (op,) = core.writes.next_batch(0)
     assert isinstance(op.data, memoryview) and op.data == b"aaaa"
     core.writes.writes_applied(0, [op], [None])
     core.writes.finished(0, [op])
     assert core.staging is not None and len(core.staging) == 1
-    assert core.put(b"c", b"cccc")  # evicts b into the very buffer a used
+    assert core.values.put(b"c", b"cccc")  # evicts b into the very buffer a used
     (op2,) = core.writes.next_batch(0)
     assert op2.data is not None and op2.data == b"bbbb"
     assert isinstance(op2.data, memoryview) and op2.data.obj is op.data.obj
@@ -56,12 +56,12 @@ def test_a_demotion_written_gives_its_buffer_back() -> None:
 
 def test_a_buffer_the_tier_may_still_hold_is_never_reused() -> None:
     core = core_with()
-    assert core.put(b"a", b"aaaa") and core.put(b"b", b"bbbb")
+    assert core.values.put(b"a", b"aaaa") and core.values.put(b"b", b"bbbb")
     (op,) = core.writes.next_batch(0)
     core.writes.writes_applied(0, [op], [TimeoutError()])
     core.writes.finished(0, [op], released=False)  # the call timed out on a thread
     assert core.staging is not None and len(core.staging) == 0
-    assert core.put(b"c", b"cccc")
+    assert core.values.put(b"c", b"cccc")
     (op2,) = core.writes.next_batch(0)
     assert isinstance(op.data, memoryview) and isinstance(op2.data, memoryview)
     assert op2.data.obj is not op.data.obj and op.data == b"aaaa"
@@ -69,19 +69,20 @@ def test_a_buffer_the_tier_may_still_hold_is_never_reused() -> None:
 
 def test_bytes_on_their_way_down_leave_the_engine_as_a_copy() -> None:
     core = core_with()
-    assert core.put(b"a", b"aaaa") and core.put(b"b", b"bbbb")
+    assert core.values.put(b"a", b"aaaa") and core.values.put(b"b", b"bbbb")
     (op,) = core.writes.next_batch(0)
     got = core.coherence.down_copy(b"a")
     assert type(got) is bytes and got == b"aaaa"
     core.writes.writes_applied(0, [op], [None])
     core.writes.finished(0, [op])
-    assert core.put(b"c", b"cccc")  # the buffer now holds b's bytes
+    assert core.values.put(b"c", b"cccc")  # the buffer now holds b's bytes
     assert got == b"aaaa"
 
 
 def test_a_buffer_still_served_from_memory_is_not_reused() -> None:
     core = core_with(num_blocks=2)
-    assert core.put(b"a", b"aaaa") and core.put(b"b", b"bbbb") and core.put(b"c", b"cccc")
+    put = core.values.put
+    assert put(b"a", b"aaaa") and put(b"b", b"bbbb") and put(b"c", b"cccc")
     (op,) = core.writes.next_batch(0)  # a's write to the tier...
     core.coherence.going_down(b"a", op.data or b"")
     core.coherence.write_queued(0, b"a")  # ...while another write of a is still queued
@@ -94,7 +95,7 @@ def test_a_buffer_still_served_from_memory_is_not_reused() -> None:
 def test_a_first_tier_that_keeps_its_bytes_gets_bytes_of_their_own() -> None:
     core = core_with(stage=False)
     assert core.staging is None
-    assert core.put(b"a", b"aaaa") and core.put(b"b", b"bbbb")
+    assert core.values.put(b"a", b"aaaa") and core.values.put(b"b", b"bbbb")
     (op,) = core.writes.next_batch(0)
     assert type(op.data) is bytes and op.data == b"aaaa"
 
@@ -116,7 +117,7 @@ def test_a_step_boundary_lets_half_the_buffers_the_step_did_not_use_go() -> None
 
 def test_end_step_trims_the_engine_s_staging_buffers() -> None:
     core = core_with()
-    assert core.put(b"a", b"aaaa") and core.put(b"b", b"bbbb")
+    assert core.values.put(b"a", b"aaaa") and core.values.put(b"b", b"bbbb")
     (op,) = core.writes.next_batch(0)
     core.writes.writes_applied(0, [op], [None])
     core.writes.finished(0, [op])
