@@ -39,3 +39,10 @@ async def test_the_ttl_case_reports_hits_with_and_without_ttl() -> None:
     doc = case.to_json()
     assert doc["aiotier"] > 0 and doc["floor"]["value"] > 0 and doc["ratio_to_floor"] > 0
     assert doc["get_us"] > 0 and doc["get_ttl_us"] > 0 and doc["get_ttl_ratio"] > 0
+
+
+async def test_the_write_through_case_puts_through_an_ssd_and_a_memory_tier() -> None:
+    (case,) = await cache.run(True, ("cache_write_through",))
+    doc = case.to_json()
+    assert doc["params"]["tier"] == "ssd" and doc["aiotier"] > 0
+    assert doc["floor"]["value"] > 0 and doc["memory_tier_write_through_us"] > 0

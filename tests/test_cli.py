@@ -78,7 +78,7 @@ def test_bench_quick_writes_every_case(tmp_path: Path) -> None:
     assert {"lookup_hit", "lookup_prefix", "scale", "memory", "memory_promote",
             "metrics_overhead", "ssd_promote", "ssd_demote", "redis_promote",
             "object_promote", "loop_lag", "cache_hit", "cache_stampede", "cache_large_value",
-            "cache_ttl",
+            "cache_ttl", "cache_write_through",
             "trace", "trace_tiered"} <= names  # fmt: skip
     for c in doc["cases"]:
         assert c["unit"] and isinstance(c["higher_is_better"], bool)

@@ -18,7 +18,9 @@ CASE_GROUPS: dict[str, tuple[str, ...]] = {
     "ssd": ("ssd_promote", "ssd_demote", "ssd_open"),
     "redis": ("redis_promote",),
     "s3": ("object_promote",),
-    "cache": ("cache_hit", "cache_stampede", "cache_large_value", "cache_ttl"),
+    "cache": (
+        "cache_hit", "cache_stampede", "cache_large_value", "cache_ttl", "cache_write_through"
+    ),
     # request traces replayed through the policies; --trace FILE replays a user's own
     "trace": ("trace",),
     # derived from the ticker figures of ssd_promote and redis_promote (which it runs)

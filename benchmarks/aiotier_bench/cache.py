@@ -7,6 +7,9 @@ in-memory caches in the same run.
 - ``cache_stampede``: 1,000 concurrent misses of one key whose loader takes 10 ms: how many
   times each library runs the loader (aiotier's single flight; aiocache's ``cached`` and
   ``cached_stampede`` decorators; cashews' ``get_or_set`` and its ``cache(lock=True)``).
+- ``cache_write_through``: ``put`` of 4 KiB values acknowledged by a write-through tier (an SSD
+  tier, and a memory tier), against the same ``put`` with the tier written back (it returns
+  before any tier write): the cost of waiting for the tier.
 - ``cache_large_value``: ``get`` of a 1 MiB value stored over 16 blocks of 64 KiB (its pieces
   read, joined and checked against the value's digest), against one copy of 1 MiB (the floor:
   any cache that hands out bytes it does not share copies them once).
@@ -20,18 +23,24 @@ in-memory caches in the same run.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiotier.engine import TieringEngine
+from aiotier.tiers.memory import MemoryTier
 from aiotier.tiers.primary import PrimaryTier
+from aiotier.tiers.ssd import SSDTier
 
 from .common import Case, Measure, alternate, note_missing
 
 __all__ = ["CASE_NAMES", "run"]
 
-CASE_NAMES = ("cache_hit", "cache_stampede", "cache_large_value", "cache_ttl")
+CASE_NAMES = (
+    "cache_hit", "cache_stampede", "cache_large_value", "cache_ttl", "cache_write_through"
+)  # fmt: skip
 _VALUE = bytes(range(256)) * 16  # 4 KiB
 _KEYS = 1024
 _now = time.perf_counter
@@ -263,6 +272,52 @@ async def cache_ttl(ops: int, rounds: int) -> Case:
     )
 
 
+async def cache_write_through(ops: int, rounds: int) -> Case:
+    d = await asyncio.to_thread(tempfile.mkdtemp, prefix="aiotier-bench-")
+    try:
+        tiers = {
+            "write_back": MemoryTier(64 << 20, name="tier"),
+            "memory": MemoryTier(64 << 20, name="tier"),
+            "ssd": SSDTier(d, 64 << 20, name="tier"),
+        }
+        engines = {
+            name: TieringEngine(
+                PrimaryTier(4 * ops, len(_VALUE)),  # no eviction: the put's own cost
+                [tier],
+                write_policy="write_back" if name == "write_back" else "write_through",
+            )
+            for name, tier in tiers.items()
+        }
+        for e in engines.values():
+            await e.open()
+
+        def puts(e: TieringEngine) -> Callable[[], Awaitable[float]]:
+            async def run() -> float:
+                t = _now()
+                for i in range(ops):
+                    assert await e.put(f"k{i}", _VALUE)
+                return (_now() - t) / ops * 1e6
+
+            return run
+
+        try:
+            med = await alternate({name: puts(e) for name, e in engines.items()}, rounds)
+        finally:
+            for e in engines.values():
+                await e.aclose(flush=False)
+    finally:
+        await asyncio.to_thread(shutil.rmtree, d, True)
+    return Case(
+        "cache_write_through",
+        {"value_bytes": len(_VALUE), "ops": ops, "tier": "ssd", "fsync": False},
+        "us/put",
+        False,
+        med["ssd"],
+        floor=Measure("put with the tier written back (no wait)", med["write_back"]),
+        extra={"memory_tier_write_through_us": med["memory"]},
+    )
+
+
 async def run(quick: bool, cases: tuple[str, ...] = CASE_NAMES) -> list[Case]:
     out: list[Case] = []
     if "cache_hit" in cases:
@@ -273,4 +328,6 @@ async def run(quick: bool, cases: tuple[str, ...] = CASE_NAMES) -> list[Case]:
         out.append(await cache_large_value(5 if quick else 15))
     if "cache_ttl" in cases:
         out.append(await cache_ttl(20_000 if quick else 200_000, 5 if quick else 15))
+    if "cache_write_through" in cases:
+        out.append(await cache_write_through(500 if quick else 2000, 5 if quick else 15))
     return out
