@@ -27,12 +27,11 @@ import asyncio
 import logging
 import os
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Final
 
-from .._types import LookupResult, normalize_key
 from .._validate import check_bool, check_int
-from ..errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
+from ..errors import ConfigError, TieringError, TierUnavailableError
 from ._ssd.checkpoint import write_checkpoint
 from ._ssd.directory import SlotFiles, open_directory
 from ._ssd.expiry import SSDExpiry, load_expiry, save_expiry
@@ -40,8 +39,8 @@ from ._ssd.handover import Handover
 from ._ssd.hops import CANCEL_GRACE, HOP_MAX_BYTES, HOP_MAX_OPS, HopRunner
 from ._ssd.index import SSDIndex, WritePlan
 from ._ssd.inspection import SSDInspection, inspect_directory
-from ._ssd.ops import WRITE_OP_MAX, SlotClears, SlotReads, SlotWrites, byte_view
-from ._ssd.reads import ReadBatch
+from ._ssd.ops import WRITE_OP_MAX, SlotClears, SlotWrites
+from ._ssd.reading import SSDReads, as_exception, as_key, unavailable
 from ._ssd.startup import SSDStart
 from ._ssd.turns import KeyTurns
 from ._ssd.writes import WriteBatch, writes_ended
@@ -58,10 +57,7 @@ _SPLIT_BYTES: Final = 512 << 10
 #: Keys a clear plans and hands to the threads at once (the loop's part of a chunk is ~0.5 ms).
 _CLEAR_CHUNK: Final = 256
 
-_HIT, _MISS = LookupResult.HIT, LookupResult.MISS
-
-
-class SSDTier(SecondaryTier):
+class SSDTier(SSDReads, SecondaryTier):
     """Blocks in fixed-size slots of a few preallocated files under ``path``, at most
     ``capacity_bytes`` of slot files (LRU eviction frees slots).
 
@@ -167,7 +163,7 @@ class SSDTier(SecondaryTier):
     def locate(self, key: bytes) -> tuple[str, int] | None:
         """``(slot file path, byte offset)`` of the slot holding ``key``, or None: for tests and
         tools that look at the files."""
-        slot = self._index.lru.get(_as_key(key))
+        slot = self._index.lru.get(as_key(key))
         if slot is None or self._files is None:
             return None
         f, i = divmod(slot, self._per_file)
@@ -287,126 +283,6 @@ class SSDTier(SecondaryTier):
         loop is busy; a write op is one ``pwritev`` per run of adjacent slots."""
         return _split(n, n * (self.block_size or 0), runner.threads, WRITE_OP_MAX)
 
-    # -- reads ---------------------------------------------------------------------------------
-
-    async def lookup_many(self, keys: Sequence[bytes]) -> list[LookupResult]:
-        self._check_open()
-        if self._expiry:
-            expired = self._expire(keys)
-            if expired:
-                found = await self.lookup_many([k for k in keys if _as_key(k) not in expired])
-                hits = iter(found)
-                return [_MISS if _as_key(k) in expired else next(hits) for k in keys]
-        lru, handover = self._index.lru, self._handover
-        if handover:
-            return [_HIT if (k := _as_key(x)) in lru or k in handover else _MISS for x in keys]
-        return [_HIT if (x if type(x) is bytes else _as_key(x)) in lru else _MISS for x in keys]
-
-    def contains_hint(self, key: bytes) -> bool | None:
-        """Exact: the index in memory is the truth about what is on disk."""
-        key = _as_key(key)
-        if self._expiry and self._expiry.past((key,)):
-            return False
-        return key in self._index.lru or key in self._handover
-
-    def _expire(self, keys: Iterable[bytes]) -> set[bytes]:
-        """Those of ``keys`` past their expiry: they answer as absent; each one no write or
-        remove is under way for leaves the index now."""
-        expired = self._expiry.past(map(_as_key, keys))
-        self._drop_expired(expired)
-        return expired
-
-    def _drop_expired(self, keys: Iterable[bytes]) -> None:
-        """Out of the index, their slots cleared (counted); keys a write or remove is under
-        way for are left to it."""
-        slots: list[int] = []
-        for k in keys:
-            if k in self._turns:
-                continue
-            self._expiry.deadlines.drop(k)
-            self._handover.supersede(k)
-            slot = self._index.plan_remove(k)
-            if slot >= 0:
-                slots.append(slot)
-                self._expiry.expirations += 1
-        if slots:
-            self._clear(slots)
-
-    async def read_many_into(
-        self, keys: Sequence[bytes], bufs: Sequence[memoryview]
-    ) -> list[int | Exception]:
-        """Read many blocks straight into ``bufs``, one op per thread; one bad block never
-        fails the rest."""
-        runner = self._check_open()
-        if len(keys) != len(bufs):
-            raise ValueError(f"{len(keys)} keys but {len(bufs)} buffers")
-        keys = [k if type(k) is bytes else _as_key(k) for k in keys]
-        if self._expiry:
-            self._expire(keys)  # out of the index: read as absent (-1)
-        views = [byte_view(b) for b in bufs]
-        batch = ReadBatch(
-            self._index, keys, views, self._fds, self._per_file, self._slot_size, self.name
-        )
-        out = batch.out
-        if len(batch):
-            ops = batch.ops(self._parts(len(batch), runner), self._reads_done)
-            try:
-                results = await runner.submit_group(ops, withdrawable=True)
-            except asyncio.CancelledError:
-                for op in ops:
-                    if op.withdrawn:  # never reached a thread: its reads never end there
-                        for slot in op.slots:
-                            self._index.read_ended(slot)
-                raise
-            batch.settle(results)
-        for i in batch.missing:
-            if keys[i] in self._handover:  # evicted a moment ago, on its way down
-                try:
-                    out[i] = await self._handover.read_into(keys[i], views[i], self.name)
-                except Exception as exc:
-                    out[i] = exc
-        return out
-
-    def _locate(self, slot: int) -> tuple[int, int]:
-        f, i = divmod(slot, self._per_file)
-        return self._fds[f], i * self._slot_size
-
-    def _reads_done(self, op: SlotReads, outcome: Any) -> None:
-        """On the loop, a read op's outcome: unpin its slots, drop and clear the blocks that
-        did not verify, translate disk errors."""
-        results: list[Any] = (
-            [outcome] * len(op.slots) if isinstance(outcome, BaseException) else outcome
-        )
-        index = self._index
-        clear: list[int] = []
-        try:
-            for j, slot in enumerate(op.slots):
-                r = results[j]
-                if type(r) is not int:
-                    results[j] = self._read_error(op, j, r, clear)
-                index.read_ended(slot)
-            if clear:
-                self._clear(clear)
-            self._room.set()
-        finally:  # whatever happened, the caller gets an answer
-            op.settle(results)
-
-    def _read_error(self, op: SlotReads, j: int, r: BaseException, clear: list[int]) -> Exception:
-        """What the caller sees of a failed read; a block that did not verify leaves the
-        index (and its slot is cleared)."""
-        key, slot = op.keys[j], op.slots[j]
-        if isinstance(r, BlockCorruptedError):
-            s = self._index.read_failed(key, slot, op.seqs[j])
-            if s >= 0:
-                clear.append(s)
-            assert self._files is not None
-            f, i = divmod(slot, self._per_file)
-            where = f"ssd tier {self.name!r} {self._files.path(f)} slot {i}"
-            return BlockCorruptedError(f"{where}: {r}")
-        if isinstance(r, OSError):
-            return _unavailable(f"ssd tier {self.name!r}: reading block {key[:64]!r}", r)
-        return _as_exception(r)
-
     # -- writes --------------------------------------------------------------------------------
 
     async def write_many(
@@ -483,7 +359,7 @@ class SSDTier(SecondaryTier):
 
     def _write_error(self, key: bytes, err: BaseException) -> Exception:
         if isinstance(err, OSError):
-            return _unavailable(f"ssd tier {self.name!r}: writing block {key[:64]!r}", err)
+            return unavailable(f"ssd tier {self.name!r}: writing block {key[:64]!r}", err)
         return err if isinstance(err, Exception) else TieringError(repr(err))
 
     async def _wait_for_room(self) -> None:
@@ -520,12 +396,12 @@ class SSDTier(SecondaryTier):
                 self._index.cleared(slot, err is None)
             self._room.set()
         finally:
-            op.settle([None if e is None else _as_exception(e) for e in errors])
+            op.settle([None if e is None else as_exception(e) for e in errors])
 
     async def remove_many(self, keys: Sequence[bytes]) -> list[bool | Exception]:
         """Drop many keys: their slots' headers cleared in one op (durably with ``fsync``)."""
         runner = self._check_open()
-        wanted = list(dict.fromkeys(_as_key(k) for k in keys))
+        wanted = list(dict.fromkeys(as_key(k) for k in keys))
         await self._turns.acquire(wanted)
         try:
             found: dict[bytes, bool] = {}
@@ -546,7 +422,7 @@ class SSDTier(SecondaryTier):
         failed = sum(e is not None for e in errors)
         if failed:  # gone from the index either way; a restart may find them (then: verified)
             log.warning("ssd tier %r: %d removes not cleared on disk", self.name, failed)
-        return [found[_as_key(k)] for k in keys]
+        return [found[as_key(k)] for k in keys]
 
     async def clear(self) -> None:
         """Every block dropped: the index emptied and every slot's header cleared, in chunks of
@@ -609,17 +485,6 @@ def _sync_files(fds: list[int]) -> None:
         os.fdatasync(fd)
 
 
-def _unavailable(message: str, cause: OSError) -> TierUnavailableError:
-    """A disk error as the tier's error, the ``OSError`` kept as its cause."""
-    err = TierUnavailableError(f"{message}: {cause.strerror or cause}")
-    err.__cause__ = cause
-    return err
-
-
-def _as_exception(exc: BaseException) -> Exception:
-    return exc if isinstance(exc, Exception) else TieringError(repr(exc))
-
-
 def _split(n: int, nbytes: int, threads: int, per_op: int) -> int:
     """Ops for a batch of ``n`` blocks of ``nbytes`` in all: one per thread when the batch is
     large enough to pay for the hops, each at most ``per_op`` blocks and ``HOP_MAX_BYTES``."""
@@ -631,7 +496,3 @@ def _default_io_threads() -> int:
     """One thread per CPU, 2 to 4: warm reads are copies, and a batch split over every CPU
     moves the most bytes; the loop's own work for a batch runs while no copy does."""
     return max(2, min(4, os.cpu_count() or 1))
-
-
-def _as_key(key: object) -> bytes:
-    return key if type(key) is bytes else normalize_key(key)

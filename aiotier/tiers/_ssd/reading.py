@@ -1,0 +1,185 @@
+"""The read side of :class:`~aiotier.tiers.ssd.SSDTier`: lookups answered from the index in
+memory, reads planned by :class:`~aiotier.tiers._ssd.reads.ReadBatch` and run on the tier's
+threads, blocks past their expiry dropped as they are met.
+
+A base class of the tier, beside its lifecycle and write side; it uses the attributes the tier
+sets when it opens, declared below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ..._types import LookupResult, normalize_key
+from ...errors import BlockCorruptedError, TieringError, TierUnavailableError
+from .directory import SlotFiles
+from .expiry import SSDExpiry
+from .handover import Handover
+from .hops import HopRunner
+from .index import SSDIndex
+from .ops import SlotReads, byte_view
+from .reads import ReadBatch
+from .turns import KeyTurns
+
+__all__ = ["SSDReads", "as_exception", "as_key", "unavailable"]
+
+_HIT, _MISS = LookupResult.HIT, LookupResult.MISS
+
+
+class SSDReads:
+    """``lookup_many``, ``contains_hint`` and ``read_many_into`` of the SSD tier."""
+
+    name: str
+    _expiry: SSDExpiry
+    _index: SSDIndex
+    _handover: Handover
+    _turns: KeyTurns
+    _files: SlotFiles | None
+    _fds: list[int]
+    _per_file: int
+    _slot_size: int
+    _room: asyncio.Event
+
+    def _check_open(self) -> HopRunner:
+        raise NotImplementedError  # the tier's
+
+    def _parts(self, n: int, runner: HopRunner) -> int:
+        raise NotImplementedError  # the tier's
+
+    def _clear(self, slots: list[int]) -> None:
+        raise NotImplementedError  # the tier's
+
+    async def lookup_many(self, keys: Sequence[bytes]) -> list[LookupResult]:
+        self._check_open()
+        if self._expiry:
+            expired = self._expire(keys)
+            if expired:
+                found = await self.lookup_many([k for k in keys if as_key(k) not in expired])
+                hits = iter(found)
+                return [_MISS if as_key(k) in expired else next(hits) for k in keys]
+        lru, handover = self._index.lru, self._handover
+        if handover:
+            return [_HIT if (k := as_key(x)) in lru or k in handover else _MISS for x in keys]
+        return [_HIT if (x if type(x) is bytes else as_key(x)) in lru else _MISS for x in keys]
+
+    def contains_hint(self, key: bytes) -> bool | None:
+        """Exact: the index in memory is the truth about what is on disk."""
+        key = as_key(key)
+        if self._expiry and self._expiry.past((key,)):
+            return False
+        return key in self._index.lru or key in self._handover
+
+    def _expire(self, keys: Iterable[bytes]) -> set[bytes]:
+        """Those of ``keys`` past their expiry: they answer as absent; each one no write or
+        remove is under way for leaves the index now."""
+        expired = self._expiry.past(map(as_key, keys))
+        self._drop_expired(expired)
+        return expired
+
+    def _drop_expired(self, keys: Iterable[bytes]) -> None:
+        """Out of the index, their slots cleared (counted); keys a write or remove is under
+        way for are left to it."""
+        slots: list[int] = []
+        for k in keys:
+            if k in self._turns:
+                continue
+            self._expiry.deadlines.drop(k)
+            self._handover.supersede(k)
+            slot = self._index.plan_remove(k)
+            if slot >= 0:
+                slots.append(slot)
+                self._expiry.expirations += 1
+        if slots:
+            self._clear(slots)
+
+    async def read_many_into(
+        self, keys: Sequence[bytes], bufs: Sequence[memoryview]
+    ) -> list[int | Exception]:
+        """Read many blocks straight into ``bufs``, one op per thread; one bad block never
+        fails the rest."""
+        runner = self._check_open()
+        if len(keys) != len(bufs):
+            raise ValueError(f"{len(keys)} keys but {len(bufs)} buffers")
+        keys = [k if type(k) is bytes else as_key(k) for k in keys]
+        if self._expiry:
+            self._expire(keys)  # out of the index: read as absent (-1)
+        views = [byte_view(b) for b in bufs]
+        batch = ReadBatch(
+            self._index, keys, views, self._fds, self._per_file, self._slot_size, self.name
+        )
+        out = batch.out
+        if len(batch):
+            ops = batch.ops(self._parts(len(batch), runner), self._reads_done)
+            try:
+                results = await runner.submit_group(ops, withdrawable=True)
+            except asyncio.CancelledError:
+                for op in ops:
+                    if op.withdrawn:  # never reached a thread: its reads never end there
+                        for slot in op.slots:
+                            self._index.read_ended(slot)
+                raise
+            batch.settle(results)
+        for i in batch.missing:
+            if keys[i] in self._handover:  # evicted a moment ago, on its way down
+                try:
+                    out[i] = await self._handover.read_into(keys[i], views[i], self.name)
+                except Exception as exc:
+                    out[i] = exc
+        return out
+
+    def _locate(self, slot: int) -> tuple[int, int]:
+        f, i = divmod(slot, self._per_file)
+        return self._fds[f], i * self._slot_size
+
+    def _reads_done(self, op: SlotReads, outcome: Any) -> None:
+        """On the loop, a read op's outcome: unpin its slots, drop and clear the blocks that
+        did not verify, translate disk errors."""
+        results: list[Any] = (
+            [outcome] * len(op.slots) if isinstance(outcome, BaseException) else outcome
+        )
+        index = self._index
+        clear: list[int] = []
+        try:
+            for j, slot in enumerate(op.slots):
+                r = results[j]
+                if type(r) is not int:
+                    results[j] = self._read_error(op, j, r, clear)
+                index.read_ended(slot)
+            if clear:
+                self._clear(clear)
+            self._room.set()
+        finally:  # whatever happened, the caller gets an answer
+            op.settle(results)
+
+    def _read_error(self, op: SlotReads, j: int, r: BaseException, clear: list[int]) -> Exception:
+        """What the caller sees of a failed read; a block that did not verify leaves the
+        index (and its slot is cleared)."""
+        key, slot = op.keys[j], op.slots[j]
+        if isinstance(r, BlockCorruptedError):
+            s = self._index.read_failed(key, slot, op.seqs[j])
+            if s >= 0:
+                clear.append(s)
+            assert self._files is not None
+            f, i = divmod(slot, self._per_file)
+            where = f"ssd tier {self.name!r} {self._files.path(f)} slot {i}"
+            return BlockCorruptedError(f"{where}: {r}")
+        if isinstance(r, OSError):
+            return unavailable(f"ssd tier {self.name!r}: reading block {key[:64]!r}", r)
+        return as_exception(r)
+
+
+def unavailable(message: str, cause: OSError) -> TierUnavailableError:
+    """A disk error as the tier's error, the ``OSError`` kept as its cause."""
+    err = TierUnavailableError(f"{message}: {cause.strerror or cause}")
+    err.__cause__ = cause
+    return err
+
+
+def as_exception(exc: BaseException) -> Exception:
+    return exc if isinstance(exc, Exception) else TieringError(repr(exc))
+
+
+def as_key(key: object) -> bytes:
+    return key if type(key) is bytes else normalize_key(key)
