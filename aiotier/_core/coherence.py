@@ -19,7 +19,7 @@ is a copy (:meth:`Coherence.down_copy`).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TypeVar
 
 from .stats import StepStats
@@ -163,6 +163,16 @@ class Coherence:
             for ti in range(len(self._names)):
                 self._backoff.pop((ti, k), None)
         self.in_transit.pop(k, None)
+
+    def replaced_many(self, keys: Iterable[bytes]) -> None:
+        """:meth:`replaced` of each key."""
+        if self._backoff:
+            for k in keys:
+                self.replaced(k)
+        elif self.in_transit:
+            pop = self.in_transit.pop
+            for k in keys:
+                pop(k, None)
 
     def clearing(self, ti: int) -> None:
         """Tier ``ti`` is about to drop every block: read nothing from it until it has (and

@@ -140,36 +140,54 @@ class CopyPolicy:
     def replaced_everywhere(
         self, k: bytes, slot: int, *, fresh: bool = False, acks: WriteAcks | None = None
     ) -> None:
-        """New bytes of ``k`` landed in ``slot``: no tier may serve an older version.
+        """New bytes of ``k`` landed in ``slot``: :meth:`replaced_everywhere_many` of one."""
+        self.replaced_everywhere_many((k,), (slot,), fresh=fresh, acks=acks)
 
-        ``fresh``: no tier can hold ``k`` (a key never used before, such as a piece of a
+    def replaced_everywhere_many(
+        self,
+        keys: Sequence[bytes],
+        slots: Sequence[int],
+        *,
+        fresh: bool = False,
+        acks: WriteAcks | None = None,
+    ) -> None:
+        """New bytes of each of ``keys`` (distinct) landed in its slot: no tier may serve an
+        older version.
+
+        ``fresh``: no tier can hold the keys (keys never used before, such as the pieces of a
         value over several blocks): there is nothing to remove below. ``acks`` learns the
         outcome of each write-through write.
         """
         coherence, table, writes = self._coherence, self._table, self._writes
-        coherence.replaced(k)
+        coherence.replaced_many(keys)
         through = self.routes.through
         if through:
-            data = self._arena.read(slot)
             # on their way down until every tier has them: lookups find these bytes, never an
             # older copy a tier still holds while its write is queued
-            for ti in through:
-                writes.demote(ti, k, data, done=None if acks is None else acks.expect())
+            read, demote = self._arena.read, writes.demote
+            for k, slot in zip(keys, slots, strict=True):
+                data = read(slot)
+                for ti in through:
+                    demote(ti, k, data, done=None if acks is None else acks.expect())
         fed = self.routes.from_primary
-        if self.immutable_keys:
+        if self.immutable_keys and fed is not None:
             # the same bytes as any copy below: keep those copies (other engines sharing a tier
             # may be reading them), and skip the write-back if the fed tier has one
-            held = fed is not None and not coherence.writing(fed, k)
-            table.set_clean(slot, fed is None or (held and coherence.holds(fed, k) is True))
+            writing, holds = coherence.writing, coherence.holds
+            for k, slot in zip(keys, slots, strict=True):
+                table.set_clean(slot, not writing(fed, k) and holds(fed, k) is True)
             return
-        table.set_clean(slot, fed is None)
-        if fresh:
+        table.set_clean_many(slots, fed is None)
+        if fresh or self.immutable_keys:
             return
-        for ti in range(self._tiers):
-            if ti in through:
-                continue
-            if coherence.writing(ti, k) or coherence.holds(ti, k) is not False:
-                writes.push(ti, remove(k))
+        others = [ti for ti in range(self._tiers) if ti not in through]
+        if not others:
+            return
+        writing, holds, push = coherence.writing, coherence.holds, writes.push
+        for k in keys:
+            for ti in others:
+                if writing(ti, k) or holds(ti, k) is not False:
+                    push(ti, remove(k))
 
     def at_close(self, write_down_to: int | None) -> None:
         """The engine is closing: queue what must reach the tiers before they close.

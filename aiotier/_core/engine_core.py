@@ -365,8 +365,7 @@ class EngineCore:
             self.inflight.settle_many(settled, self.clock())
         if stored:
             self.events.append(BlockEvent(tuple(stored), self.primary_name, False))
-            for k, slot in zip(stored, slots, strict=True):
-                self.copies.replaced_everywhere(k, slot)
+            self.copies.replaced_everywhere_many(stored, slots)
 
     # -- deleting and clearing ------------------------------------------------------------------
 

@@ -77,11 +77,12 @@ class LFUDAPolicy(EvictionPolicy):
         self._stamp(slot, count)
 
     def insert_many(self, slots: list[int], keys: list[bytes]) -> None:
-        increment, known, counts = self._sketch.increment, self._key, self._count
+        known, counts = self._key, self._count
         ticks, heap, age, t = self._tick, self._heap, self._age, self._ticks
-        for slot, key in zip(slots, keys, strict=True):  # insert, inlined
+        seen = self._sketch.increment_many(keys)
+        for slot, key, count in zip(slots, keys, seen, strict=True):  # insert, inlined
             known[slot] = key
-            counts[slot] = count = increment(key)
+            counts[slot] = count
             t += 1
             ticks[slot] = t
             heapq.heappush(heap, (age + count, t, slot))

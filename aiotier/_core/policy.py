@@ -6,11 +6,12 @@ policy) or ``None`` with nothing changed, so a failed allocation never disturbs 
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from itertools import pairwise
+from collections.abc import Callable, Iterator, Sequence
+from itertools import islice, pairwise
 
 from .gather import gather
 
@@ -26,6 +27,21 @@ def _all_evictable(evictable: Evictable, slots: Sequence[int]) -> bool:
     if check is not None:
         return check(slots)
     return all(evictable(s) for s in slots)
+
+
+def _evictable_run(slots: Iterator[int], n: int, evictable: Evictable) -> list[int]:
+    """The next ``n`` evictable slots of ``slots`` (fewer when it runs out), a run of them
+    checked at once."""
+    out: list[int] = []
+    while len(out) < n:
+        run = list(islice(slots, n - len(out)))
+        if not run:
+            break
+        if _all_evictable(evictable, run):
+            out += run
+        else:
+            out += filter(evictable, run)
+    return out
 
 
 class EvictionPolicy(ABC):
@@ -240,6 +256,26 @@ class ARCPolicy(EvictionPolicy):
             self._t1[slot] = key
         self._trim_ghosts()
 
+    def insert_many(self, slots: list[int], keys: list[bytes]) -> None:
+        t1, t2, b1, b2, c = self._t1, self._t2, self._b1, self._b2, self._c
+        for slot, key in zip(slots, keys, strict=True):  # insert and _trim_ghosts, inlined
+            if t1.pop(slot, None) is None:
+                t2.pop(slot, None)
+            if key in b1:
+                self.p = min(float(c), self.p + max(len(b2) / len(b1), 1.0))
+                del b1[key]
+                t2[slot] = key
+            elif key in b2:
+                self.p = max(0.0, self.p - max(len(b1) / len(b2), 1.0))
+                del b2[key]
+                t2[slot] = key
+            else:
+                t1[slot] = key
+            while b1 and len(t1) + len(b1) > c:
+                b1.popitem(last=False)
+            while b2 and len(t1) + len(t2) + len(b1) + len(b2) > 2 * c:
+                b2.popitem(last=False)
+
     def _trim_ghosts(self) -> None:
         c = self._c
         while self._b1 and len(self._t1) + len(self._b1) > c:
@@ -273,28 +309,14 @@ class ARCPolicy(EvictionPolicy):
             self._t2.pop(slot, None)
 
     def candidates(self, n: int, evictable: Evictable) -> list[int]:
-        it1 = (s for s in self._t1 if evictable(s))
-        it2 = (s for s in self._t2 if evictable(s))
-        victims: list[int] = []
-        t1_len = len(self._t1)
-        for _ in range(n):
-            # REPLACE: take from T1 while it is above its target size p, else from T2;
-            # fall back to the other list when the preferred one has nothing evictable.
-            if t1_len > self.p:
-                v = next(it1, None)
-                if v is not None:
-                    t1_len -= 1
-                else:
-                    v = next(it2, None)
-            else:
-                v = next(it2, None)
-                if v is None:
-                    v = next(it1, None)
-                    if v is not None:
-                        t1_len -= 1
-            if v is None:
-                break
-            victims.append(v)
+        # REPLACE, n times: take from T1 while it is above its target size p, else from T2;
+        # fall back to the other list when the preferred one has nothing evictable. As p stays
+        # put meanwhile: T1's first len(T1) - floor(p), then T2's, then the rest of T1's.
+        it1, it2 = iter(self._t1), iter(self._t2)
+        above = max(0, len(self._t1) - math.floor(self.p))
+        victims = _evictable_run(it1, min(n, above), evictable)
+        victims += _evictable_run(it2, n - len(victims), evictable)
+        victims += _evictable_run(it1, n - len(victims), evictable)
         return victims
 
     def evict(self, n: int, evictable: Evictable) -> list[int] | None:

@@ -249,6 +249,12 @@ class BlockTable:
         """Whether the first secondary tier holds exactly this slot's bytes."""
         self._clean[slot] = 1 if clean else 0
 
+    def set_clean_many(self, slots: Iterable[int], clean: bool) -> None:
+        """:meth:`set_clean` of each slot."""
+        flags, flag = self._clean, 1 if clean else 0
+        for slot in slots:
+            flags[slot] = flag
+
     def touch(self, slot: int) -> None:
         """The block in ``slot`` was used (for the eviction policy)."""
         self.policy.touch(slot)
