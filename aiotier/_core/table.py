@@ -236,10 +236,11 @@ class BlockTable:
     def mark_ready_many(self, slots: list[int], *, clean: bool) -> None:
         """:meth:`mark_ready` of each slot (all of them pending or promoting, else none)."""
         state = self.state
-        for slot in slots:
-            st = state[slot]
-            if st != PENDING and st != PROMOTING:
-                raise RuntimeError(f"slot {slot} is {SlotState(st).name}, not pending or promoting")
+        states = gather(state, slots)
+        if states.count(PENDING) + states.count(PROMOTING) != len(slots):
+            slot = next(s for s in slots if state[s] != PENDING and state[s] != PROMOTING)
+            name = SlotState(state[slot]).name
+            raise RuntimeError(f"slot {slot} is {name}, not pending or promoting")
         flags, flag = self._clean, 1 if clean else 0
         for slot in slots:
             state[slot] = READY
