@@ -43,6 +43,14 @@ def test_increment_is_add_then_estimate(keys: list[bytes]) -> None:
     assert all(one.estimate(k) == other.estimate(k) for k in keys)
 
 
+@given(st.lists(st.binary(max_size=2), min_size=33, max_size=200))
+def test_increment_many_is_increment_of_each(keys: list[bytes]) -> None:
+    """Through a halving too (a window of 2 x 16 sightings), in the middle of a batch."""
+    one, other = FrequencySketch(16, window=2), FrequencySketch(16, window=2)
+    assert one.increment_many(keys) == [other.increment(k) for k in keys]
+    assert all(one.estimate(k) == other.estimate(k) for k in keys)
+
+
 def test_the_sketch_keeps_its_size_whatever_it_sees() -> None:
     sketch = FrequencySketch(64)
     rng = random.Random(1)
