@@ -100,33 +100,26 @@ class FrequencySketch:
             return min(ca, cb, cc, cd) >> 1
         return min(ca, cb, cc, cd)
 
-    def increment_many(self, keys: Iterable[bytes]) -> list[int]:
+    def increment_many(self, keys: Sequence[bytes]) -> list[int]:
         """:meth:`increment` of each key, in order: their estimates after each one's sighting."""
+        if self._seen + len(keys) >= self._sample:
+            return [self.increment(k) for k in keys]  # a halving on the way
         out: list[int] = []
         append = out.append
         counts, m, w = self._counts, self._mask, self.width
         w2, w3 = 2 * w, 3 * w
-        for key in keys:  # increment and _cells, inlined
+        for key in keys:  # increment and _cells, inlined; a saturated count stays at 255
             h = hash(key)
             step = (h >> 32) | 1
             a, b = h & m, w + ((h + step) & m)
             c, d = w2 + ((h + 2 * step) & m), w3 + ((h + 3 * step) & m)
             ca, cb, cc, cd = counts[a], counts[b], counts[c], counts[d]
-            if ca < 255:
-                counts[a] = ca = ca + 1
-            if cb < 255:
-                counts[b] = cb = cb + 1
-            if cc < 255:
-                counts[c] = cc = cc + 1
-            if cd < 255:
-                counts[d] = cd = cd + 1
-            self._seen += 1
-            if self._seen >= self._sample:
-                self._halve()
-                counts = self._counts
-                append(min(ca, cb, cc, cd) >> 1)
-            else:
-                append(min(ca, cb, cc, cd))
+            counts[a] = ca = ca + (ca < 255)
+            counts[b] = cb = cb + (cb < 255)
+            counts[c] = cc = cc + (cc < 255)
+            counts[d] = cd = cd + (cd < 255)
+            append(min(ca, cb, cc, cd))
+        self._seen += len(keys)
         return out
 
     def _halve(self) -> None:

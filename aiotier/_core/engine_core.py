@@ -14,7 +14,7 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Final
+from typing import Final, cast
 
 from .._types import (
     BlockEvent,
@@ -29,6 +29,7 @@ from .arena import Arena
 from .coherence import Coherence, Hint
 from .copy_policy import CopyPolicy
 from .expiry import Expiry
+from .gather import gather
 from .inflight import InflightTable
 from .pins import PinLedger, PromotionShare
 from .primary_values import PrimaryValues
@@ -340,23 +341,35 @@ class EngineCore:
         rs.store_views.release(ks, latest=False)
         table, index, state = self.table, self.table.index, self.table.state
         store_deadline = self.inflight.store_deadline
-        stored: list[bytes] = []
-        slots: list[int] = []
-        stored_lengths: list[int] = []
-        settled: list[bytes] = []
-        for k, n, slot in zip(ks, lengths, self.pins.take_stores(rs, ks), strict=True):
-            if slot is None:
-                continue  # completes an earlier prepare, which a put or delete superseded
-            store_deadline.pop(slot, None)
-            if state[slot] != PENDING or index.get(k) != slot:
-                continue  # replaced or deleted meanwhile: the newer write wins
-            settled.append(k)
-            if success:
-                stored.append(k)
-                slots.append(slot)
-                stored_lengths.append(n)
-            else:
-                table.detach(slot)
+        taken = self.pins.take_stores(rs, ks)
+        current = cast(list[int], taken)  # when None is not in it
+        if (
+            success
+            and None not in taken
+            and gather(state, current).count(PENDING) == len(current)
+            and table.owns_all(ks, current)
+        ):  # the common case, checked at C speed: every block is the key's pending store
+            pop = store_deadline.pop
+            for s in current:
+                pop(s, None)
+            stored = settled = list(ks)
+            slots, stored_lengths = current, lengths
+        else:
+            stored, settled = [], []
+            slots, stored_lengths = [], []
+            for k, n, slot in zip(ks, lengths, taken, strict=True):
+                if slot is None:
+                    continue  # completes an earlier prepare, which a put or delete superseded
+                store_deadline.pop(slot, None)
+                if state[slot] != PENDING or index.get(k) != slot:
+                    continue  # replaced or deleted meanwhile: the newer write wins
+                settled.append(k)
+                if success:
+                    stored.append(k)
+                    slots.append(slot)
+                    stored_lengths.append(n)
+                else:
+                    table.detach(slot)
         if slots:
             self.arena.set_lengths(slots, stored_lengths)
             table.mark_ready_many(slots, clean=False)

@@ -77,16 +77,17 @@ class LFUDAPolicy(EvictionPolicy):
         self._stamp(slot, count)
 
     def insert_many(self, slots: list[int], keys: list[bytes]) -> None:
-        known, counts = self._key, self._count
-        ticks, heap, age, t = self._tick, self._heap, self._age, self._ticks
+        if len(slots) != len(keys):
+            raise ValueError(f"{len(keys)} keys for {len(slots)} slots")
         seen = self._sketch.increment_many(keys)
-        for slot, key, count in zip(slots, keys, seen, strict=True):  # insert, inlined
-            known[slot] = key
-            counts[slot] = count
-            t += 1
-            ticks[slot] = t
-            heapq.heappush(heap, (age + count, t, slot))
-        self._ticks = t
+        t, age, push, heap = self._ticks, self._age, heapq.heappush, self._heap
+        stamps = range(t + 1, t + 1 + len(slots))
+        self._key.update(zip(slots, keys, strict=True))
+        self._count.update(zip(slots, seen, strict=True))
+        self._tick.update(zip(slots, stamps, strict=True))
+        for entry in zip([age + c for c in seen], stamps, slots, strict=True):
+            push(heap, entry)
+        self._ticks = t + len(slots)
         self._compact()
 
     def touch(self, slot: int) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 from .gather import gather
 from .requests import RequestState
@@ -223,6 +224,9 @@ class PinLedger:
         """:meth:`pin_store` of each pair."""
         self._table.pin_many(slots)
         stores = rs.stores
+        if stores.keys().isdisjoint(keys):  # the common case: no earlier prepare of any
+            stores.update(zip(keys, slots, strict=True))
+            return
         for k, slot in zip(keys, slots, strict=True):
             old = stores.get(k)
             if old is not None:
@@ -271,6 +275,11 @@ class PinLedger:
         """:meth:`take_store` of each key (distinct keys): the current prepares' slots are
         unpinned together."""
         stale, stores = rs.stale_stores, rs.stores
+        if not stale and stores.keys() >= set(keys):  # the common case: each a current prepare
+            pop = stores.pop
+            slots: list[int | None] = [pop(k) for k in keys]
+            self._table.unpin_many(cast(list[int], slots))
+            return slots
         out: list[int | None] = []
         current: list[int] = []
         for k in keys:

@@ -154,6 +154,19 @@ class LRUPolicy(EvictionPolicy):
 
     def refresh_many(self, slots: list[int]) -> None:
         nxt, prv, s, nil = self._next, self._prev, self._sentinel, self._nil
+        if len(slots) > 1 and gather(nxt, slots[:-1]) == tuple(slots[1:]):
+            # a run already linked in this order (as insert_many links a batch): moved whole
+            first, last = slots[0], slots[-1]
+            after = nxt[last]
+            if after != s:
+                before, tail = prv[first], prv[s]
+                nxt[before] = after
+                prv[after] = before
+                nxt[tail] = first
+                prv[first] = tail
+                nxt[last] = s
+                prv[s] = last
+            return
         for slot in slots:  # touch, inlined: a completed store refreshes every block it wrote
             if nxt[slot] == nil or prv[s] == slot:
                 continue
