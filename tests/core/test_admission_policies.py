@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiotier import AdmitAfter, AdmitAll, AdmitTinyLFU
+from aiotier import AdmissionPolicy, AdmitAfter, AdmitAll, AdmitTinyLFU
 from aiotier._core.admission import FrequencySketch, parse_admission
 from aiotier.errors import ConfigError
 
@@ -49,6 +49,24 @@ def test_increment_many_is_increment_of_each(keys: list[bytes]) -> None:
     one, other = FrequencySketch(16, window=2), FrequencySketch(16, window=2)
     assert one.increment_many(keys) == [other.increment(k) for k in keys]
     assert all(one.estimate(k) == other.estimate(k) for k in keys)
+
+
+@given(
+    st.lists(st.binary(max_size=1), max_size=60),
+    st.lists(st.binary(max_size=1), max_size=20, unique=True),
+    st.lists(st.binary(max_size=1), max_size=20),
+    st.integers(0, 10),
+)
+def test_batched_admission_decides_as_one_key_at_a_time(
+    seen: list[bytes], keys: list[bytes], victims: list[bytes], free: int
+) -> None:
+    """The policies' own ``admit_into_primary`` (estimates taken in batches) admits what the
+    base class's walk of ``admit`` calls admits."""
+    for policy in (AdmitAfter(2, capacity=16), AdmitTinyLFU(capacity=16)):
+        policy.saw(seen)
+        assert policy.sketch.estimate_many(keys) == [policy.sketch.estimate(k) for k in keys]
+        walk = AdmissionPolicy.admit_into_primary(policy, keys, free, victims)
+        assert policy.admit_into_primary(keys, free, victims) == walk
 
 
 def test_the_sketch_keeps_its_size_whatever_it_sees() -> None:
