@@ -19,7 +19,6 @@ from __future__ import annotations
 import heapq
 
 from .admission import FrequencySketch
-from .gather import gather
 from .policy import Evictable, EvictionPolicy, _all_evictable
 
 __all__ = ["LFUDAPolicy"]
@@ -86,7 +85,7 @@ class LFUDAPolicy(EvictionPolicy):
         self._key.update(zip(slots, keys, strict=True))
         self._count.update(zip(slots, seen, strict=True))
         self._tick.update(zip(slots, stamps, strict=True))
-        for entry in zip(map(age.__add__, seen), stamps, slots, strict=True):
+        for entry in zip([age + c for c in seen], stamps, slots, strict=True):
             push(heap, entry)
         self._ticks = t + len(slots)
         self._compact()
@@ -105,19 +104,6 @@ class LFUDAPolicy(EvictionPolicy):
     def refresh_many(self, slots: list[int]) -> None:
         counts, ticks, heap, age = self._count, self._tick, self._heap, self._age
         t = self._ticks
-        try:
-            seen = gather(counts, slots)
-        except KeyError:
-            pass  # some are not resident: one at a time, below
-        else:  # every one resident (a completed store's blocks): stamped in one pass
-            stamps = range(t + 1, t + 1 + len(slots))
-            ticks.update(zip(slots, stamps, strict=True))
-            push = heapq.heappush
-            for entry in zip(map(age.__add__, seen), stamps, slots, strict=True):
-                push(heap, entry)
-            self._ticks = t + len(slots)
-            self._compact()
-            return
         for slot in slots:  # _stamp, inlined
             count = counts.get(slot)
             if count is not None:
