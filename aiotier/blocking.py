@@ -234,9 +234,9 @@ class BlockingEngine:
         if self.engine.core.routes.through:
             _refuse_inside_a_loop("put")  # it waits for the loop
         stored, acks = self.engine._put(key, data, self.engine._ttl(ttl))
-        if acks is None or not stored:
-            return stored
-        return self._call(self.engine._acknowledged, acks)
+        if acks is not None and stored:
+            self._call(self.engine._written_through, acks)
+        return stored
 
     def delete(self, key: bytes | str) -> bool:
         """:meth:`TieringEngine.delete`."""

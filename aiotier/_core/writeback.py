@@ -88,17 +88,16 @@ def _settle(op: WriteOp, outcome: bool) -> None:
 
 
 class WriteAcks:
-    """The write-through writes of one ``put``: how many are still out, how many failed.
+    """The write-through writes of one ``put``, and whether each has its outcome yet.
 
     :meth:`expect` gives the ``done`` callback of one write; :meth:`when_settled` runs a
     function once every write has its outcome (at once if none is out).
     """
 
-    __slots__ = ("_settled", "failed", "pending")
+    __slots__ = ("_settled", "pending")
 
     def __init__(self) -> None:
         self.pending = 0
-        self.failed = 0
         self._settled: Callable[[], None] | None = None
 
     def expect(self) -> Callable[[bool], None]:
@@ -107,8 +106,6 @@ class WriteAcks:
 
     def _one(self, ok: bool) -> None:
         self.pending -= 1
-        if not ok:
-            self.failed += 1
         if not self.pending and self._settled is not None:
             settled, self._settled = self._settled, None
             settled()

@@ -9,6 +9,7 @@ engine sets in its constructor, declared below.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable
 
 from .._core.engine_core import EngineCore
@@ -117,11 +118,12 @@ class CacheAPI:
         that names them, so ``get`` sees the old value or the new one, whole. False, with the
         old value still there, when the primary cannot hold every piece now.
 
-        With write-through tiers (``write_policy``), ``put`` returns once each of them holds
-        the value, or was kept out by its admission policy. It returns False when one did not
-        take it (the write failed, the tier's circuit was open, its queue was full, or it took
-        longer than twice ``io_timeout``): the value may then be served from where it landed,
-        but it is not durable there.
+        With write-through tiers (``write_policy``), ``put`` returns once each of them has
+        the value: it took it, its admission policy kept it out, or its write failed (the
+        write failed, the tier's circuit was open, its queue was full, or it took longer than
+        twice ``io_timeout``: counted in ``aiotier_tier_errors_total{op="write"}`` or
+        ``aiotier_demotions_dropped_total``, never raised). So while the tier is healthy, a put
+        that returned is on that tier.
         """
         self._guard.check_loop()
         return await self._store(key, data, self._ttl(ttl))
@@ -131,12 +133,12 @@ class CacheAPI:
     ) -> bool:
         """``put`` with its ``ttl`` checked: stored, then write-through writes awaited."""
         stored, acks = self._put(key, data, ttl)
-        if acks is None or not stored:
-            return stored
-        return await self._acknowledged(acks)
+        if acks is not None and stored:
+            await self._written_through(acks)
+        return stored
 
-    async def _acknowledged(self, acks: WriteAcks) -> bool:
-        """Await the outcome of a put's write-through writes: whether every tier took them."""
+    async def _written_through(self, acks: WriteAcks) -> None:
+        """Await the outcome of a put's write-through writes (at most twice ``io_timeout``)."""
         taken = asyncio.get_running_loop().create_future()
 
         def settled() -> None:
@@ -145,12 +147,9 @@ class CacheAPI:
 
         with self._guard.lock:
             acks.when_settled(settled)
-        try:
+        with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.options.tier_timeout * 2):
                 await taken
-        except TimeoutError:
-            return False
-        return not acks.failed
 
     @property
     def max_value_bytes(self) -> int:

@@ -49,12 +49,12 @@ def test_bad_policies_are_named() -> None:
 def test_acks_settle_once_every_write_has_its_outcome() -> None:
     acks = WriteAcks()
     first, second = acks.expect(), acks.expect()
-    settled: list[int] = []
-    acks.when_settled(lambda: settled.append(acks.failed))
+    settled: list[str] = []
+    acks.when_settled(lambda: settled.append("all"))
     first(True)
     assert settled == []
-    second(False)
-    assert settled == [1] and acks.pending == 0
+    second(False)  # a failed write has its outcome too
+    assert settled == ["all"] and acks.pending == 0
     done = WriteAcks()
-    done.when_settled(lambda: settled.append(-1))  # nothing out: at once
-    assert settled == [1, -1]
+    done.when_settled(lambda: settled.append("none out"))  # nothing out: at once
+    assert settled == ["all", "none out"]

@@ -75,8 +75,8 @@ class CountingEngine(TieringEngine):
     """Counts the deferred ``get()`` calls: those that ``wait`` inside ``get``, once or twice
     (a second look after the block moved down); each is one anonymous request, observed once.
     Tells ``stored(key, value)`` the moment a put's synchronous half stored its value: with
-    write-through tiers ``put`` then awaits them, and its False may mean "stored, not taken by
-    every tier", so the model learns the order from here.
+    write-through tiers ``put`` then awaits their writes, while other calls run, so the model
+    learns the order of its versions from here.
     """
 
     get_deferrals = 0
