@@ -155,22 +155,24 @@ class AiotierOffloadingManager:
         exclude = self._excluded(req_context)
         if exclude is None:
             return self._primary_answer(k, rid)
-        answer = self.engine.lookup(k, _request(rid), exclude_tier=exclude or None)
+        if slot_state(self.engine, k) is InPrimary.READY:  # a hit answers on this thread
+            answer, tier = self.engine.lookup(k, _request(rid), exclude_tier=exclude or None), None
+        else:
+            answer, tier = self.engine.portal.call(self._lookup_on_loop, k, rid, exclude or None)
         if answer is TierAnswer.HIT:
             return cast(LookupResult, self._hit)
         if answer is TierAnswer.MISS:
             return cast(LookupResult, self._miss)
+        if tier is not None and rid:
+            with self._lock:
+                self._request_state(rid).sources[k] = tier
         state = slot_state(self.engine, k)
-        if state is InPrimary.PROMOTING:
-            self._note_source(rid, k)
-            return cast(LookupResult, self._hit_pending)
-        if state is InPrimary.STORING:
+        if state is InPrimary.PROMOTING or state is InPrimary.STORING:
             return cast(LookupResult, self._hit_pending)
         if state is InPrimary.READY:
             # its promotion landed meanwhile, or bytes on their way down were put back: either
             # may have evicted a block an earlier lookup of this scan answered HIT, so the
             # scheduler asks again (a HIT then) rather than loading a prefix no longer all there
-            self._note_source(rid, k)
             return cast(LookupResult, self._hit_pending)
         return cast(LookupResult, self._retry)
 
@@ -229,11 +231,13 @@ class AiotierOffloadingManager:
             return cast(LookupResult, self._miss)
         return cast(LookupResult, self._hit_pending)
 
-    def _note_source(self, rid: str, k: bytes) -> None:
-        tier = promoting_tier(self.engine, k)
-        if rid and tier is not None:
-            with self._lock:
-                self._request_state(rid).sources[k] = tier
+    async def _lookup_on_loop(
+        self, k: bytes, rid: str, exclude: str | None
+    ) -> tuple[TierAnswer, str | None]:
+        """The engine's lookup and, for a RETRY, the tier its promotion reads, taken on the
+        loop before that promotion can land (from this thread it may have landed already)."""
+        answer = await self.engine.engine.lookup(k, _request(rid), exclude_tier=exclude)
+        return answer, promoting_tier(self.engine, k) if answer is TierAnswer.RETRY else None
 
     # -- loads ---------------------------------------------------------------------------------
 
