@@ -32,7 +32,14 @@ _T = TypeVar("_T")
 
 
 class TierReads:
-    """Tier lookups and promotion reads for one engine; owns the promotion tasks."""
+    """Tier lookups and promotion reads for one engine; owns the promotion tasks.
+
+    Every promotion runs on the loop after the lookup that started it has answered RETRY, so
+    the key stays in flight until then (``aclose`` cancels it, concurrent lookups join it). A
+    tier whose reads never suspend (a :class:`~aiotier.MemoryTier`) is read by a loop callback
+    rather than a task: the read returns before anything else runs, so it needs no task, no
+    timer to bound it and no waiter.
+    """
 
     def __init__(
         self,
@@ -53,6 +60,8 @@ class TierReads:
         self._queued: dict[int, list[PromotionBatch]] = {}
         #: per tier, whether its lookups and reads never suspend (called at once, unbounded)
         self._inline = tuple(map(_never_suspends, self._tiers))
+        # per tier that never suspends, the loop callback that reads its queued batches
+        self._callbacks: dict[int, asyncio.Handle] = {}
 
     async def scan(
         self,
@@ -88,7 +97,11 @@ class TierReads:
 
     def cancel_tasks(self) -> None:
         """Cancel every promotion task (each settles its batches as it ends), once: a second
-        cancel would cut short a tier winding down from the first."""
+        cancel would cut short a tier winding down from the first. Reads queued for a loop
+        callback never start."""
+        for handle in self._callbacks.values():
+            handle.cancel()
+        self._callbacks.clear()
         for task in self.tasks:
             if not task.cancelling():
                 task.cancel()
@@ -140,28 +153,30 @@ class TierReads:
             self._breakers.record(ti, ok)
 
     def start(self, batches: list[PromotionBatch]) -> None:
-        """Read ``batches``: from a tier whose reads never suspend, at once; else each joins
-        the read of its tier that has not started yet, if any (lookups of one scheduler step
-        make one read per tier), else starts one."""
+        """Read ``batches``: each joins the read of its tier that has not started yet, if any
+        (lookups of one scheduler step make one read per tier), else starts one: a task, or a
+        loop callback for a tier whose reads never suspend."""
         for batch in batches:
             ti = batch.tier
-            if self._inline[ti]:
-                self._read_inline(ti, [batch])
-                continue
             queued = self._queued.get(ti)
             if queued is not None:
                 queued.append(batch)
                 continue
             self._queued[ti] = [batch]
+            loop = asyncio.get_running_loop()
+            if self._inline[ti]:
+                self._callbacks[ti] = loop.call_soon(self._read_now, ti)
+                continue
             name = f"aiotier-promote-{self._tiers[ti].name}"
-            task = asyncio.get_running_loop().create_task(self._promote(ti), name=name)
+            task = loop.create_task(self._promote(ti), name=name)
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
-    def _read_inline(self, ti: int, batches: list[PromotionBatch]) -> None:
-        """Read from a tier whose reads never suspend (they copy from this process's memory),
-        here and now: the call returns before anything else runs, so it needs no task, and no
-        timer to bound it."""
+    def _read_now(self, ti: int) -> None:
+        """Read the batches queued for tier ``ti``, whose reads never suspend (they copy from
+        this process's memory): the call returns before anything else runs."""
+        del self._callbacks[ti]
+        batches = self._queued.pop(ti)
         if not self._breakers.allow(ti):
             self._completed(batches, Outcome.ERROR)
             return

@@ -17,9 +17,9 @@ engine over this asyncio loop can reach on the machine that runs it: a ceiling m
 same run, as ``same_work_all_cpus`` is for SSD promotion.
 
 ``inline=True`` makes the design choice the engine makes for a tier whose calls never suspend
-(a ``MemoryTier``): the lookup and the read are called at once, in ``lookup_prefix``, with no
-timer, task or waiter (nothing can time out in a call that returns before anything else runs).
-That is the ceiling of an engine built that way.
+(a ``MemoryTier``): the lookup is called at once, in ``lookup_prefix``, and the read in a loop
+callback right after it, with no timer or task (nothing can time out in a call that returns
+before anything else runs). That is the ceiling of an engine built that way.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import asyncio
 import time
 from array import array
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Coroutine, Sequence
 from typing import TypeVar
 
 from aiotier import LookupResult, MemoryTier
@@ -101,7 +101,7 @@ class BareEngine:
         self._deferred.append(now)
         self._samples.append(("sync_delay", now - started))
         if self._inline:
-            await self._promote(batch)
+            asyncio.get_running_loop().call_soon(_drive, self._promote(batch))
             return None
         task = asyncio.get_running_loop().create_task(self._promote(batch))
         self._tasks.add(task)
@@ -192,6 +192,15 @@ class BareEngine:
         self.totals.update(self._counts)
         self._counts = Counter()
         self._samples = []
+
+
+def _drive(call: Coroutine[object, object, None]) -> None:
+    """Run ``call``, a coroutine that never suspends, to its end."""
+    try:
+        call.send(None)
+    except StopIteration:
+        return
+    raise RuntimeError("the bare protocol's inline read suspended")
 
 
 async def _bounded(call: Awaitable[_T]) -> _T:

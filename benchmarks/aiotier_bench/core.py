@@ -520,7 +520,8 @@ async def memory_promote(rounds: int, n_keys: int = 4096) -> list[Case]:
     :class:`~aiotier_bench.bare.BareEngine` (only the state any engine of the SPEC must keep,
     over the same kind of tier): what a Python engine can reach on this loop and machine.
     ``bare_inline``: the same with the engine's choice for a tier whose calls never suspend (its
-    lookup and read called at once, no task, timer or waiter): the ceiling of that design.
+    lookup called at once, its read in a loop callback, no task or timer): the ceiling of that
+    design.
     ``python_calls_per_block`` counts the interpreter's profile events over one more round of
     each variant (:class:`~aiotier_bench.counting.CallCounter`): noise-free, unlike the time.
     """

@@ -121,10 +121,10 @@ async def test_promotion_outcomes_and_lookup_counts(probe: MetricsProbe) -> None
 
 async def test_promotion_cancelled_by_aclose_is_counted(probe: MetricsProbe) -> None:
     provider = MeterProvider(metric_readers=[probe.reader])
-    tier = FaultyTier(await seeded(1)).delay("read", 5.0)  # a read that suspends: a task
+    tier = await seeded(1)
     e = TieringEngine(PrimaryTier(2, 64), [tier], meter_provider=provider)
     await e.open()
-    assert await e.lookup("k0", R1) is RETRY
+    assert await e.lookup("k0", R1) is RETRY  # the promotion is started, not yet run
     await e.aclose()
     assert probe.value("aiotier_promotions_total", tier="memory", outcome="cancelled") == 1
     provider.shutdown()
@@ -164,15 +164,15 @@ async def test_request_admitted_while_its_lookup_waits_on_a_tier(
         observed = metrics.count("aiotier_lookup_async_delay_seconds")
         assert (observed, pinned) == (1, 0)
 
-async def test_a_memory_tier_read_lands_before_the_lookup_returns(probe: MetricsProbe) -> None:
-    """A MemoryTier's reads never suspend: the engine reads it at once, with no task, and the
-    lookup that started the promotion still answers RETRY (the answer is decided first)."""
+async def test_a_memory_tier_read_runs_on_the_loop_with_no_task(probe: MetricsProbe) -> None:
+    """A MemoryTier's reads never suspend: the engine reads it in a loop callback, with no
+    task; until the loop runs it the keys are in flight (RETRY, one promotion each)."""
     provider = MeterProvider(metric_readers=[probe.reader])
     tier = await seeded(2)
     async with TieringEngine(PrimaryTier(4, 64), [tier], meter_provider=provider) as e:
         assert await e.lookup_prefix(["k0", "k1"], R1) is None
         assert not aiotier_tasks("promote")
-        assert await e.lookup("k1", R1) is HIT  # landed: no wait needed
+        assert await e.lookup("k1", R1) is RETRY  # joins the promotion in flight
         assert await e.wait(["k0", "k1"]) == [HIT, HIT]
         e.end_step(new_req_ids=["r1"])
         assert probe.value("aiotier_promotions_total", tier="memory", outcome="ok") == 2
