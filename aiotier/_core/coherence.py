@@ -207,13 +207,21 @@ class Coherence:
             self._backoff = {key: u for key, u in self._backoff.items() if u > now}
 
     def write_queued(self, ti: int, k: bytes) -> None:
-        self._writing[ti][k] += 1
+        writing = self._writing[ti]
+        writing[k] = writing.get(k, 0) + 1  # (no Counter.__missing__ call)
 
     def remove_queued(self, ti: int, k: bytes) -> None:
         self._removing[ti][k] += 1
 
-    def write_done(self, ti: int, k: bytes) -> None:
-        _decrement(self._writing[ti], k)
+    def writes_done(self, ti: int, keys: Iterable[bytes]) -> None:
+        """Writes of ``keys`` to tier ``ti`` ended (applied, failed or dropped)."""
+        writing = self._writing[ti]
+        for k in keys:
+            n = writing[k] - 1
+            if n > 0:
+                writing[k] = n
+            else:
+                writing.pop(k, None)
 
     def remove_done(self, ti: int, k: bytes) -> None:
         _decrement(self._removing[ti], k)
@@ -226,6 +234,12 @@ class Coherence:
         else:
             self._stale[ti].add(k)
 
+    def outcomes_ok(self, ti: int, keys: Iterable[bytes]) -> None:
+        """:meth:`outcome` ``ok`` of each key (one call for a batch)."""
+        stale = self._stale[ti]
+        if stale:
+            stale.difference_update(keys)
+
     def down_copy(self, k: bytes) -> bytes | None:
         """The bytes of ``k`` on their way down, as a copy the caller may keep; None if none."""
         data = self.in_transit.get(k)
@@ -234,11 +248,17 @@ class Coherence:
     def going_down(self, k: bytes, data: bytes | memoryview) -> None:
         self.in_transit[k] = data
 
-    def landed(self, k: bytes, data: bytes | memoryview) -> None:
-        """A demotion write of ``data`` finished: once no tier still writes ``k``, the bytes
-        are below and no longer served from memory (unless newer bytes replaced them)."""
-        if self.in_transit.get(k) is data and not any(k in w for w in self._writing):
-            del self.in_transit[k]
+    def landed_many(self, writes: Iterable[tuple[bytes, bytes | memoryview]]) -> None:
+        """Demotion writes of ``(key, data)`` finished: once no tier still writes a key, its
+        bytes are below and no longer served from memory (unless newer bytes replaced them)."""
+        in_transit, writing = self.in_transit, self._writing
+        for k, data in writes:
+            if in_transit.get(k) is data:
+                for w in writing:
+                    if k in w:
+                        break
+                else:
+                    del in_transit[k]
 
     def busy(self) -> bool:
         """Writes or removes are queued or running somewhere."""

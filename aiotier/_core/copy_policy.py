@@ -12,7 +12,7 @@ primary's blocks are written down to the first persistent tier when it is write-
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from itertools import compress
 
 from .._types import BlockEvent
@@ -35,6 +35,7 @@ class CopyPolicy:
         "_arena",
         "_coherence",
         "_events",
+        "_others",
         "_staging",
         "_stats",
         "_table",
@@ -67,6 +68,8 @@ class CopyPolicy:
         self._stats = stats
         self._events = events
         self._tiers = len(routes.policies)
+        # the tiers a put removes older copies from: those it does not write through
+        self._others = tuple(ti for ti in range(self._tiers) if ti not in routes.through)
         self.primary_name = primary_name
         self.routes = routes
         self.immutable_keys = immutable_keys
@@ -104,9 +107,11 @@ class CopyPolicy:
             # a clean block's bytes are in that tier already, unless a remove of them is
             # queued there or the tier lost them
             clean = evicted.clean
-            kept = self._coherence.kept(ti, list(compress(keys, clean) if 0 in clean else keys))
-            if len(kept) == len(keys):
-                return keys  # every one is there already
+            kept: Collection[bytes] = ()
+            if 1 in clean:
+                kept = self._coherence.kept(ti, list(compress(keys, clean)))
+                if len(kept) == len(keys):
+                    return keys  # every one is there already
             demote, staging = self._writes.demote, self._staging
             if staging is None:
                 read = self._arena.read
@@ -180,7 +185,7 @@ class CopyPolicy:
         table.set_clean_many(slots, fed is None)
         if fresh or self.immutable_keys:
             return
-        others = [ti for ti in range(self._tiers) if ti not in through]
+        others = self._others
         if not others:
             return
         writing, holds, push = coherence.writing, coherence.holds, writes.push

@@ -14,4 +14,4 @@ def gather(values: Any, indexes: Sequence[Any]) -> tuple[Any, ...]:
     ``IndexError``, ``TypeError``)."""
     if len(indexes) > 1:
         return itemgetter(*indexes)(values)  # type: ignore[no-any-return]
-    return tuple(values[i] for i in indexes)
+    return (values[indexes[0]],) if indexes else ()

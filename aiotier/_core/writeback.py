@@ -1,10 +1,13 @@
-"""The write-back queues: tier writes and removes as data, applied in order per tier.
+"""The write-back queues: tier writes and removes as data, applied in order per key.
 
-Each secondary tier has one FIFO of :class:`WriteOp`. The engine's writer task for a tier takes
-a batch of neighbouring ops of one kind (:meth:`WriteQueues.next_batch`), performs it, and hands
+Each secondary tier has one FIFO of :class:`WriteOp`. The engine's writers for a tier take
+batches of neighbouring ops of one kind (:meth:`WriteQueues.next_batch`), perform them, and hand
 the results back (:meth:`WriteQueues.writes_applied` / :meth:`WriteQueues.removes_applied`),
-then :meth:`WriteQueues.finished`. Order per tier is what keeps tiers coherent: a remove queued
-after a write of the same key is applied after it.
+then :meth:`WriteQueues.finished`. Up to :data:`IN_FLIGHT` batches of one tier are applied at
+once, so the tier's threads always have the next batch while the event loop finishes the last;
+batches applied at once share no key (a batch ends before an op whose key is in flight). Order
+per key is what keeps tiers coherent: a remove queued after a write of the same key is applied
+after it, and two writes of a key land in the order they were queued.
 
 The bytes of demotions wait here in memory; past ``max_bytes`` of them a new demotion is dropped
 (counted as ``demotions_dropped{reason="backlog"}``: shed load, not a tier error) rather than
@@ -32,6 +35,9 @@ __all__ = ["OpKind", "WriteAcks", "WriteOp", "WriteQueues"]
 #: milliseconds, a batch costs a few turns, so batches grow rather than fall behind.
 BATCH: Final = 512
 BATCH_BYTES: Final = 64 << 20
+#: Batches of one tier applied at once: a second one keeps the tier busy during the loop turns
+#: it takes to finish the first (while puts keep the loop busy, a turn is a step of puts).
+IN_FLIGHT: Final = 2
 
 
 class OpKind(enum.Enum):
@@ -122,6 +128,7 @@ class WriteQueues:
 
     __slots__ = (
         "_admission",
+        "_applying",
         "_below",
         "_coherence",
         "_events",
@@ -159,6 +166,8 @@ class WriteQueues:
         self._notify = notify
         self._staging = staging
         self._queues: list[deque[WriteOp]] = [deque() for _ in names]
+        # per tier, the keys of the batches being applied (disjoint: see next_batch)
+        self._applying: list[set[bytes]] = [set() for _ in names]
         self.max_bytes = max_bytes
         #: bytes copied out for tier writes and not yet written
         self.queued_bytes = 0
@@ -179,11 +188,14 @@ class WriteQueues:
 
         A write kept out removes any older copy the tier may hold; one dropped for the bound
         leaves the key stale there (never read until a later write or remove succeeds).
+        ``notify(ti)`` is called when the tier's queue was empty: a writer that found it
+        non-empty takes the next batch by itself once it is done with its own.
         """
         coherence = self._coherence
         if op.kind is OpKind.WRITE:
             if not self._admits(ti, op.key):
-                _settle(op, True)
+                if op.done is not None:
+                    _settle(op, True)
                 return False
             assert op.data is not None
             size = len(op.data)
@@ -197,8 +209,10 @@ class WriteQueues:
             coherence.write_queued(ti, op.key)
         else:
             coherence.remove_queued(ti, op.key)
-        self._queues[ti].append(op)
-        self._notify(ti)
+        q = self._queues[ti]
+        q.append(op)
+        if len(q) == 1:
+            self._notify(ti)
         return True
 
     def _admits(self, ti: int, k: bytes) -> bool:
@@ -225,28 +239,31 @@ class WriteQueues:
         """Send a block's newest bytes down to tier ``ti``; served from memory meanwhile.
         ``staged``: ``data`` is a staging buffer, taken back once the write is over; ``done``
         learns whether the tier took it."""
-        if self.push(ti, write(k, data, demotion=True, staged=staged, done=done)):
-            self._coherence.going_down(k, data)
+        if self.push(ti, WriteOp(OpKind.WRITE, k, data, demotion=True, staged=staged, done=done)):
+            self._coherence.in_transit[k] = data  # going down: served from here meanwhile
         elif staged and self._staging is not None:
             assert isinstance(data, memoryview)
             self._staging.release(data)
 
     def next_batch(self, ti: int) -> list[WriteOp]:
-        """Neighbouring ops of one kind, in queue order, up to ``BATCH`` ops and ``BATCH_BYTES``
-        (empty when idle)."""
-        q = self._queues[ti]
-        if not q:
+        """Neighbouring ops of one kind, in queue order, up to ``BATCH`` ops and ``BATCH_BYTES``,
+        none of whose keys is in a batch being applied (empty when there is none: nothing
+        queued, or the first op waits for its key's batch). The batch is being applied until
+        :meth:`finished`."""
+        q, applying = self._queues[ti], self._applying[ti]
+        if not q or q[0].key in applying:
             return []
         kind = q[0].kind
         batch = [q.popleft()]
         nbytes = len(batch[0].data or b"")
-        while q and q[0].kind is kind and len(batch) < BATCH:
+        while q and q[0].kind is kind and len(batch) < BATCH and q[0].key not in applying:
             data = q[0].data
             if data is not None:
                 nbytes += len(data)
                 if nbytes > BATCH_BYTES:
                     break
             batch.append(q.popleft())
+        applying.update([op.key for op in batch])
         return batch
 
     # -- outcomes --------------------------------------------------------------------------------
@@ -267,15 +284,19 @@ class WriteQueues:
         coherence = self._coherence
         written: list[bytes] = []
         nbytes = 0
+        failed = errors.count(None) < len(errors)
         for op, err in zip(batch, errors, strict=True):
             if err is None:
                 nbytes += len(op.data or b"")
                 written.append(op.key)
-                coherence.outcome(ti, op.key, ok=True)
             else:
                 self._stats.count("tier_errors", name, "write")
-                coherence.outcome(ti, op.key, ok=False)
-            _settle(op, err is None)
+            if failed:  # in batch order: a key's last write decides whether it is stale
+                coherence.outcome(ti, op.key, ok=err is None)
+            if op.done is not None:
+                _settle(op, err is None)
+        if not failed:
+            coherence.outcomes_ok(ti, written)
         if nbytes:
             self._stats.count("write_bytes", name, n=nbytes)
         if written:
@@ -315,26 +336,39 @@ class WriteQueues:
         ``released``: the tier holds none of their bytes (its call returned, or was never
         made); only then are staging buffers taken back.
         """
+        self._applying[ti].difference_update([op.key for op in batch])
+        self._retire(ti, batch, released)
+
+    def _retire(self, ti: int, batch: Sequence[WriteOp], released: bool = True) -> None:
+        """The ops of ``batch`` leave the queue for good: their outcome settled (False if not
+        yet), their bytes no longer counted nor served, their staging buffers taken back when
+        ``released``. A pass per batch, not calls per op: a burst of puts demotes every block."""
         coherence = self._coherence
-        staging = self._staging if released else None
+        writes: list[WriteOp] = []
+        removes: list[bytes] = []
         for op in batch:
-            _settle(op, False)  # never applied (the writer stopped): not taken
+            if op.done is not None:
+                _settle(op, False)  # never applied (the writer stopped): not taken
             if op.kind is OpKind.WRITE:
-                coherence.write_done(ti, op.key)
-                data = op.data
-                assert data is not None
-                self.queued_bytes -= len(data)
-                if op.demotion:
-                    coherence.landed(op.key, data)
-                    if (
-                        op.staged
-                        and staging is not None
-                        and coherence.in_transit.get(op.key) is not data
-                    ):
-                        assert isinstance(data, memoryview)
-                        staging.release(data)
+                writes.append(op)
+                self.queued_bytes -= len(op.data or b"")
             else:
-                coherence.remove_done(ti, op.key)
+                removes.append(op.key)
+        for k in removes:
+            coherence.remove_done(ti, k)
+        if not writes:
+            return
+        coherence.writes_done(ti, [op.key for op in writes])
+        demoted = [(op.key, op.data) for op in writes if op.demotion and op.data is not None]
+        coherence.landed_many(demoted)
+        staging = self._staging
+        if released and staging is not None:
+            in_transit = coherence.in_transit
+            for op in writes:
+                data = op.data
+                if op.staged and in_transit.get(op.key) is not data:
+                    assert isinstance(data, memoryview)
+                    staging.release(data)
 
     def drop_all(self, *, failed: bool = True) -> int:
         """Give up on every queued op; return how many. Each is counted as a failed one unless
@@ -346,6 +380,6 @@ class WriteQueues:
             for op in batch:
                 if failed:
                     self._stats.count("tier_errors", self._names[ti], op.kind.value)
-            self.finished(ti, batch)
+            self._retire(ti, batch)
             dropped += len(batch)
         return dropped

@@ -1,8 +1,13 @@
-"""The writer tasks: one per secondary tier, applying its queued writes and removes in order.
+"""The writer tasks: :data:`~aiotier._core.writeback.IN_FLIGHT` per secondary tier, applying
+its queued writes and removes in order per key.
 
 The queues and every decision about them live in :class:`~aiotier._core.writeback.WriteQueues`;
-a writer only takes the next batch, awaits the tier (bounded by ``io_timeout``), and hands the
-outcome back. ``drain`` awaits the moment every queue is empty and nothing is being applied.
+a writer only takes the next batch (one that shares no key with the batch another writer of the
+tier applies), awaits the tier (bounded by ``io_timeout``), and hands the outcome back. Two
+writers per tier keep the tier busy while the loop finishes a batch: under a burst of puts a
+batch's end reaches its writer a loop turn or two after the tier finished it, and a turn is a
+whole step of puts. ``drain`` awaits the moment every queue is empty and nothing is being
+applied.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import TypeVar, cast
 
 from .._core.engine_core import EngineCore
 from .._core.values import block_expiry
-from .._core.writeback import OpKind, WriteOp
+from .._core.writeback import IN_FLIGHT, OpKind, WriteOp
 from ..errors import TieringError
 from ..tiers.base import BlockMeta, SecondaryTier
 from .breakers import Breakers, answered
@@ -70,7 +75,11 @@ def block_metas(items: Sequence[tuple[bytes, bytes | memoryview]]) -> list[Block
 
 
 class Writers:
-    """Writer tasks over the core's write queues, and the events that wake and drain them."""
+    """Writer tasks over the core's write queues, and the events that wake and drain them.
+
+    The writers of a tier share its wake-up event: the core calls :meth:`notify` when the
+    tier's queue was empty, and a writer done with a batch looks for the next by itself.
+    """
 
     def __init__(
         self,
@@ -108,7 +117,9 @@ class Writers:
         loop = asyncio.get_running_loop()
         for ti, t in enumerate(self._tiers):
             self._wakeups.append(asyncio.Event())
-            self._tasks.append(loop.create_task(self._run(ti), name=f"aiotier-writer-{t.name}"))
+            for _ in range(IN_FLIGHT):
+                task = loop.create_task(self._run(ti), name=f"aiotier-writer-{t.name}")
+                self._tasks.append(task)
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -156,7 +167,8 @@ class Writers:
                 ) from None
 
     async def _run(self, ti: int) -> None:
-        """Apply tier ``ti``'s queued writes and removes in order, batching neighbours."""
+        """Apply tier ``ti``'s queued writes and removes, batching neighbours; beside the tier's
+        other writer, on other keys."""
         writes, lock = self._core.writes, self._guard.lock
         wakeup = self._wakeups[ti]
         while True:

@@ -311,9 +311,8 @@ class SSDTier(SSDReads, SecondaryTier):
                     await self._wait_for_room()
                     continue
                 batch.settle(ops, await runner.submit_group(ops, withdrawable=False))
-        finally:
-            for key in batch.pending_keys():  # never planned (cancelled, or no room in time)
-                self._turns.release(key)
+        finally:  # the writes never planned (cancelled, or no room in time)
+            self._turns.release(batch.pending_keys())
         outcomes = batch.outcomes()
         self._expiry.written(items, meta, outcomes)
         if self._expiry:
@@ -353,8 +352,7 @@ class SSDTier(SSDReads, SecondaryTier):
                 self._clear(clear)
             self._room.set()
         finally:  # whatever happened, the keys' turns end and the caller gets an answer
-            for key in op.keys:
-                self._turns.release(key)
+            self._turns.release(op.keys)
             op.settle(results)
 
     def _write_error(self, key: bytes, err: BaseException) -> Exception:
@@ -417,8 +415,7 @@ class SSDTier(SSDReads, SecondaryTier):
             if slots:
                 errors = await runner.submit(self._clear_op(slots), withdrawable=False)
         finally:
-            for key in wanted:
-                self._turns.release(key)
+            self._turns.release(wanted)
         failed = sum(e is not None for e in errors)
         if failed:  # gone from the index either way; a restart may find them (then: verified)
             log.warning("ssd tier %r: %d removes not cleared on disk", self.name, failed)
@@ -445,8 +442,7 @@ class SSDTier(SSDReads, SecondaryTier):
                     errors = await runner.submit(op, withdrawable=False)
                     failed += [e for e in errors if e is not None]
             finally:
-                for key in chunk:
-                    self._turns.release(key)
+                self._turns.release(chunk)
         if not failed:
             try:
                 await runner.call(_sync_files, list(self._fds))

@@ -86,7 +86,9 @@ class Harness:
         return self.core.stats.peek_counts()[("expirations", tier)]
 
     def queued_removes(self) -> list[bytes]:
+        """The removes queued for the tier, taken as its writer would, and applied."""
         batch = self.core.writes.next_batch(0)
+        self.core.writes.finished(0, batch)
         return [op.key for op in batch if op.kind is OpKind.REMOVE]
 
 

@@ -9,16 +9,18 @@ index pointed at when they started, old or new, whole.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 __all__ = ["KeyTurns"]
 
 
-class KeyTurns(dict[bytes, asyncio.Future[None]]):
-    """Who holds the turn of each key: a future, set when the holder releases it.
+class KeyTurns(dict[bytes, "asyncio.Future[None] | None"]):
+    """Who holds the turn of each key: None, or a future set when the holder releases it,
+    made only once somebody waits for that turn (most turns are taken and released with no
+    one waiting: a future per block would cost more than the block's own bookkeeping).
 
-    A dict (key -> future), so that ``key in turns`` (is a write or remove of it in
-    flight?), asked for every block read, costs no Python call.
+    A dict, so that ``key in turns`` (is a write or remove of it in flight?), asked for every
+    block read, costs no Python call.
     """
 
     __slots__ = ()
@@ -26,20 +28,22 @@ class KeyTurns(dict[bytes, asyncio.Future[None]]):
     async def acquire(self, keys: Sequence[bytes]) -> None:
         """Hold the turn of every key in ``keys``: all at once, never some of them, so two
         batches that share keys cannot each hold a part and wait for the other."""
-        loop = asyncio.get_running_loop()
         while True:
             for k in keys:
-                fut = self.get(k)
-                if fut is not None:
+                if k in self:
+                    fut = self[k]
+                    if fut is None:
+                        fut = self[k] = asyncio.get_running_loop().create_future()
                     await asyncio.shield(fut)
                     break
             else:
-                for k in keys:
-                    self[k] = loop.create_future()
+                self.update(dict.fromkeys(keys))
                 return
 
-    def release(self, key: bytes) -> None:
-        """End the turn of ``key`` and wake whoever waits for it."""
-        fut = self.pop(key, None)
-        if fut is not None and not fut.done():
-            fut.set_result(None)
+    def release(self, keys: Iterable[bytes]) -> None:
+        """End the turns of ``keys`` and wake whoever waits for them."""
+        pop = self.pop
+        for key in keys:
+            fut = pop(key, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
