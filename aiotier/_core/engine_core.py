@@ -52,9 +52,9 @@ class EngineCore:
     """Blocks in a primary arena over ``len(tier_names)`` secondary tiers, as plain state.
 
     ``hints`` are the tiers' ``contains_hint`` (called synchronously; they do no I/O);
-    ``notify(ti)`` is called when an op is queued for tier ``ti``; ``clock`` gives seconds;
-    ``wall_clock`` gives unix seconds, for blocks' expiry; ``tier_expiry[ti]`` says whether tier
-    ``ti`` honours expiry itself.
+    ``notify(ti)`` is called when an op is queued for tier ``ti`` whose queue was empty;
+    ``clock`` gives seconds; ``wall_clock`` gives unix seconds, for blocks' expiry;
+    ``tier_expiry[ti]`` says whether tier ``ti`` honours expiry itself.
     """
 
     def __init__(
