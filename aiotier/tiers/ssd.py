@@ -280,8 +280,11 @@ class SSDTier(SSDReads, SecondaryTier):
         """Write ops to split a batch of ``n`` blocks into (:func:`_split`): larger than read
         ops, since each op's thread must win the GIL back after every system call (the hop's
         start, each ``pwritev``, its end), which takes a switch interval (5 ms) while the event
-        loop is busy; a write op is one ``pwritev`` per run of adjacent slots."""
-        return _split(n, n * (self.block_size or 0), runner.threads, WRITE_OP_MAX)
+        loop is busy; a write op is one ``pwritev`` per run of adjacent slots. Spread over the
+        free threads only: a batch that arrives while others are written (the engine keeps two
+        in flight) goes whole to the next thread that frees, with fewer system calls."""
+        threads = max(1, runner.free_threads)
+        return _split(n, n * (self.block_size or 0), threads, WRITE_OP_MAX)
 
     # -- writes --------------------------------------------------------------------------------
 

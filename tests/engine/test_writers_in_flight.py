@@ -37,7 +37,7 @@ class GatedTier(DictTier):
         return [(op, v) for op, k, v in self.log if k == key and op != "start"]
 
 
-async def test_a_second_batch_is_written_while_the_first_is_held_and_a_key_keeps_its_order() -> None:
+async def test_a_second_batch_is_written_beside_a_held_one_and_a_key_keeps_its_order() -> None:
     tier = GatedTier()
     gate = tier.gates[b"a"] = asyncio.Event()
     async with TieringEngine(PrimaryTier(1, 64), [tier], write_policy="write_back") as engine:

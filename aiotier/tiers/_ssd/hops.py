@@ -75,6 +75,10 @@ class DiskOp:
 
     __slots__ = ("group", "index", "nbytes", "started", "withdrawn")
 
+    #: May be handed to the thread pool while every thread is busy (:class:`HopRunner`): ops
+    #: that no caller withdraws and whose order within a hop does not matter (writes).
+    chains = False
+
     def __init__(self, nbytes: int) -> None:
         self.group: _Group | None = None
         self.index = 0
@@ -176,6 +180,11 @@ class HopRunner:
     A hop's end reaches the loop as one callback posted by its thread, which settles the ops
     and starts the next hop: a busy loop, one that turns only every few milliseconds, should
     need as few turns as possible per batch (a task and a future chain per hop cost three).
+    Ops that :attr:`~DiskOp.chains` go further: while every thread is busy, one hop of them per
+    thread waits in the pool's own queue, so a thread that ends a hop goes on to the next at
+    once, neither waiting for the loop's next turn nor giving the GIL up to wait for work
+    (under a burst of puts a turn is a whole step, and winning the GIL back from a busy loop
+    can take longer still; ``docs/ssd.md``).
 
     For tests and tools, read :attr:`idle` and :attr:`nowait`; the rest is the tier's.
     """
@@ -291,7 +300,14 @@ class HopRunner:
             free = self.threads - self._hops
             if not self._start_hop(-(-len(queue) // free)):
                 break
+        while queue and queue[0].chains and self._hops < 2 * self.threads:
+            self._start_hop(1)
         self._maybe_idle()
+
+    @property
+    def free_threads(self) -> int:
+        """Threads with no hop to run now."""
+        return max(0, self.threads - self._hops)
 
     def _start_hop(self, max_ops: int) -> bool:
         """Send up to ``max_ops`` queued ops (and :attr:`max_bytes`) to a thread in one hop."""

@@ -254,6 +254,8 @@ class SlotWrites(SlotOp):
 
     __slots__ = ("datas", "fsync", "keys", "seqs", "slot_size", "tags", "victims")
 
+    chains = True
+
     def __init__(
         self, fsync: bool, slot_size: int, done: Callable[[SlotWrites, Any], None]
     ) -> None:
