@@ -193,7 +193,9 @@ class WriteQueues:
         """
         coherence = self._coherence
         if op.kind is OpKind.WRITE:
-            if not self._admits(ti, op.key):
+            if self._admission[ti] is None:
+                self._stats.counts[("admissions", self._names[ti], "admitted")] += 1
+            elif not self._admits(ti, op.key):
                 if op.done is not None:
                     _settle(op, True)
                 return False
@@ -216,8 +218,10 @@ class WriteQueues:
         return True
 
     def _admits(self, ti: int, k: bytes) -> bool:
+        """Whether tier ``ti``'s admission policy lets the write of ``k`` in (counted)."""
         policy, name = self._admission[ti], self._names[ti]
-        if policy is None or policy.admit_below(k):
+        assert policy is not None
+        if policy.admit_below(k):
             self._stats.counts[("admissions", name, "admitted")] += 1
             return True
         self._stats.counts[("admissions", name, "rejected")] += 1
@@ -311,7 +315,7 @@ class WriteQueues:
                     if data is None or coherence.removing(ti, k) or coherence.is_stale(ti, k):
                         continue
                     self.demote(below, k, data)
-            self._events.append(BlockEvent(tuple(k for k, _ in evicted), name, True))
+            self._events.append(BlockEvent(tuple([k for k, _ in evicted]), name, True))
 
     def removes_applied(
         self, ti: int, batch: Sequence[WriteOp], answers: Sequence[bool | Exception]
