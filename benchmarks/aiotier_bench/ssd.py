@@ -11,6 +11,7 @@ import gc
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -324,7 +325,7 @@ async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> 
         if diskcache is None
         else diskcache.Cache(dc_dir, size_limit=(rounds + 2) * total * 2)
     )
-    names = ("aiotier", "floor", "diskcache", "tier", "same_work", "no_copy_out")
+    names = ("aiotier", "short_switch", "floor", "diskcache", "tier", "same_work", "no_copy_out")
     counter = dict.fromkeys(names, 0)
     floor_fd = os.open(floor_path, os.O_RDWR | os.O_CREAT, 0o600)
     os.posix_fallocate(floor_fd, 0, blocks * slot_size)
@@ -344,17 +345,23 @@ async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> 
         max_pending_write_bytes=2 * total,
     )
     await engine.open()
+    # Per engine round: the puts' share of the time, the loop thread's CPU per put while they
+    # ran, and how much of the round's demotions the tier had written when they ended (what
+    # overlapped the puts; the rest waited for the flush).
+    phases: dict[str, list[float]] = {"puts_share": [], "loop_cpu_us": [], "overlap": []}
     try:
 
-        async def aiotier_round() -> float:
-            items = round_items("aiotier")
+        async def engine_round(name: str) -> float:
+            items = round_items(name)
             written = engine.stats().counters.get(("write_bytes", tier.name), 0)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             for i, (k, v) in enumerate(items, 1):
                 if not await engine.put(k, v):
                     raise RuntimeError("put failed")
                 if i % BATCH == 0:  # a scheduler step: the writer runs between steps
                     await asyncio.sleep(0)
+            t1, c1 = time.perf_counter(), time.thread_time()
+            during = engine.stats().counters.get(("write_bytes", tier.name), 0) - written
             await engine.flush(timeout=120.0)
             elapsed = time.perf_counter() - t0
             counters = engine.stats().counters
@@ -364,7 +371,25 @@ async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> 
             down = counters.get(("write_bytes", tier.name), 0) - written
             if down < (blocks - BATCH) * block_size:
                 raise RuntimeError(f"only {down} bytes reached the tier")
+            if name == "aiotier":
+                phases["puts_share"].append((t1 - t0) / elapsed)
+                phases["loop_cpu_us"].append((c1 - c0) / blocks * 1e6)
+                phases["overlap"].append(during / down)
             return down / elapsed / 1e9
+
+        async def aiotier_round() -> float:
+            return await engine_round("aiotier")
+
+        async def short_switch_round() -> float:
+            # The same with the interpreter's switch interval at 0.5 ms (5 ms by default): how
+            # much of the gap is the tier's threads waiting for the GIL while the loop computes
+            # (docs/ssd.md, "Writes under a busy event loop"). A process-wide setting, restored.
+            interval = sys.getswitchinterval()
+            sys.setswitchinterval(5e-4)
+            try:
+                return await engine_round("short_switch")
+            finally:
+                sys.setswitchinterval(interval)
 
         async def tier_round() -> float:
             # The tier alone: its write_many of 64-block batches (what the engine's writer calls).
@@ -424,6 +449,7 @@ async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> 
 
         contenders: dict[str, Callable[[], Awaitable[float]]] = {
             "aiotier": aiotier_round,
+            "short_switch": short_switch_round,
             "floor": floor_round,
             "tier": tier_round,
             "same_work": same_work_round,
@@ -452,6 +478,14 @@ async def _demote_case(root: str, block_size: int, blocks: int, rounds: int) -> 
                 else None
             ),
             extra={
+                "ratio_to_sync_same_work": figures["aiotier"] / figures["same_work"],
+                "puts_share_of_round": statistics.median(phases["puts_share"]),
+                "loop_cpu_us_per_put": statistics.median(phases["loop_cpu_us"]),
+                "written_while_putting": statistics.median(phases["overlap"]),
+                "switch_interval_0_5ms": figures["short_switch"],
+                "switch_interval_0_5ms_over_sync_same_work": (
+                    figures["short_switch"] / figures["same_work"]
+                ),
                 "tier_write_many": figures["tier"],
                 "tier_write_many_over_floor": figures["tier"] / figures["floor"],
                 "sync_same_work": figures["same_work"],
