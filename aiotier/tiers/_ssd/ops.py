@@ -305,31 +305,30 @@ class SlotWrites(SlotOp):
         """The op's blocks in runs of adjacent slots of one file, each written at once. A run
         goes on past a slot only when that slot's unused end is at most :data:`_ZEROS` long."""
         fds, offsets, stride = self.fds, self.offsets, self.slot_size
+        keys, datas, room = self.keys, self.datas, self.slot_size - HEAD_SIZE
         runs: list[list[int]] = []
         at, fd, joinable = -1, -1, False
-        for i in sorted(range(len(fds)), key=lambda i: (fds[i], offsets[i])):
-            if joinable and fds[i] == fd and offsets[i] == at + stride:
+        for f, off, i in sorted(zip(fds, offsets, range(len(fds)))):
+            if joinable and f == fd and off == at + stride:
                 runs[-1].append(i)
             else:
                 runs.append([i])
-            fd, at = fds[i], offsets[i]
-            joinable = self._tail(i) <= _ZEROS.nbytes and len(runs[-1]) < WRITE_OP_MAX
+            fd, at = f, off
+            tail = room - len(keys[i]) - datas[i].nbytes  # the slot's unused end
+            joinable = tail <= _ZEROS.nbytes and len(runs[-1]) < WRITE_OP_MAX
         return runs
-
-    def _tail(self, i: int) -> int:
-        """Bytes of block ``i``'s slot after its header and payload."""
-        return self.slot_size - HEAD_SIZE - len(self.keys[i]) - self.datas[i].nbytes
 
     def _chunks(self, run: list[int]) -> list[memoryview]:
         """What one ``pwritev`` writes for ``run``: per slot its header and its payload, and
         zeros over the unused end of every slot but the last."""
         datas, keys, seqs = self.datas, self.keys, self.seqs
+        room, last = self.slot_size - HEAD_SIZE, run[-1]
         chunks: list[memoryview] = []
         for i in run:
             data = datas[i]
             chunks.append(memoryview(encode_head(keys[i], seqs[i], data)))
             chunks.append(data)
-            if i != run[-1] and (tail := self._tail(i)):
+            if i != last and (tail := room - len(keys[i]) - data.nbytes):
                 chunks.append(_ZEROS[:tail])
         return chunks
 
