@@ -331,7 +331,9 @@ class SSDTier(SSDReads, SecondaryTier):
             handover.supersede(plan.key)
         if victim is None:
             return None
-        self._expiry.deadlines.drop(victim.key)
+        deadlines = self._expiry.deadlines
+        if deadlines.at:  # (most tiers hold no block with an expiry: no call per block)
+            deadlines.drop(victim.key)
         self._evictions += 1
         if self._hand_over == "bytes":
             return handover.leave(victim.key)
