@@ -75,8 +75,8 @@ class DiskOp:
 
     __slots__ = ("group", "index", "nbytes", "started", "withdrawn")
 
-    #: May be handed to the thread pool while every thread is busy (:class:`HopRunner`): ops
-    #: that no caller withdraws and whose order within a hop does not matter (writes).
+    #: May wait in the thread pool's own queue while every thread is busy (:class:`HopRunner`):
+    #: for ops no caller withdraws (writes; a withdrawn op must still be in the runner's queue).
     chains = False
 
     def __init__(self, nbytes: int) -> None:
@@ -184,7 +184,8 @@ class HopRunner:
     thread waits in the pool's own queue, so a thread that ends a hop goes on to the next at
     once, neither waiting for the loop's next turn nor giving the GIL up to wait for work
     (under a burst of puts a turn is a whole step, and winning the GIL back from a busy loop
-    can take longer still; ``docs/ssd.md``).
+    can take longer still; ``docs/ssd.md``). An op queued after them (a read) waits for them
+    too: at most one hop per thread more than before.
 
     For tests and tools, read :attr:`idle` and :attr:`nowait`; the rest is the tier's.
     """
