@@ -4,10 +4,11 @@ is held, and a key's writes and removes still land in the order they were queued
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from helpers import DictTier, block, eventually
 
-from aiotier import PrimaryTier, TieringEngine
+from aiotier import PrimaryTier, SSDTier, TieringEngine
 
 
 class GatedTier(DictTier):
@@ -56,3 +57,26 @@ async def test_a_second_batch_is_written_beside_a_held_one_and_a_key_keeps_its_o
         assert tier.ops_of(b"a") == [("write", b"\x01"), ("remove", b""), ("write", b"\x03")]
         assert tier.data[b"a"] == block(3)
         assert await engine.get(b"a") == block(3)
+
+
+async def test_an_ssd_tier_written_by_two_writers_holds_no_older_bytes_than_the_newest(
+    tmp_path: Path,
+) -> None:
+    # 12 keys put over and over through a 2-block primary: each put evicts, each key is
+    # demoted again and again, its removes and writes queued back to back in batches that
+    # the two writers apply side by side (a step's puts hold some keys of the last step's).
+    tier = SSDTier(tmp_path / "ssd", 1 << 20)
+    newest: dict[bytes, bytes] = {}
+    async with TieringEngine(PrimaryTier(2, 4096), [tier], write_policy="write_back") as engine:
+        for i in range(400):
+            k = b"k%d" % (i % 12)
+            newest[k] = k + i.to_bytes(4, "big") * 100
+            assert await engine.put(k, newest[k])
+            if i % 7 == 0:
+                await asyncio.sleep(0)  # a step: the writers take what queued
+        await engine.flush(timeout=30)
+        for k, v in newest.items():
+            buf = bytearray(4096)
+            (n,) = await tier.read_many_into([k], [memoryview(buf)])
+            assert n == -1 or bytes(buf[: int(n)]) == v, k  # absent, or the newest bytes
+            assert await engine.get(k) == v

@@ -308,7 +308,7 @@ class SlotWrites(SlotOp):
         keys, datas, room = self.keys, self.datas, self.slot_size - HEAD_SIZE
         runs: list[list[int]] = []
         at, fd, joinable = -1, -1, False
-        for f, off, i in sorted(zip(fds, offsets, range(len(fds)))):
+        for f, off, i in sorted(zip(fds, offsets, range(len(fds)), strict=True)):
             if joinable and f == fd and off == at + stride:
                 runs[-1].append(i)
             else:
