@@ -77,8 +77,9 @@ def block_metas(items: Sequence[tuple[bytes, bytes | memoryview]]) -> list[Block
 class Writers:
     """Writer tasks over the core's write queues, and the events that wake and drain them.
 
-    The writers of a tier share its wake-up event: the core calls :meth:`notify` when the
-    tier's queue was empty, and a writer done with a batch looks for the next by itself.
+    The core calls :meth:`notify` when a tier's queue was empty, which wakes one of the tier's
+    idle writers (the other stays asleep: one op needs one writer); a writer done with a batch
+    looks for the next by itself.
     """
 
     def __init__(
@@ -94,7 +95,8 @@ class Writers:
         self._breakers = breakers
         self._tiers = tuple(tiers)
         self._io_timeout = io_timeout
-        self._wakeups: list[asyncio.Event] = []
+        # per tier, the futures of its writers waiting for work, oldest first
+        self._idle_writers: list[list[asyncio.Future[None]]] = []
         self._idle = asyncio.Event()
         self._idle.set()
         self._tasks: list[asyncio.Task[None]] = []
@@ -110,13 +112,18 @@ class Writers:
 
     def _wake(self, ti: int) -> None:
         self._idle.clear()
-        if self._wakeups:
-            self._wakeups[ti].set()
+        if self._idle_writers:
+            idle = self._idle_writers[ti]
+            while idle:
+                fut = idle.pop(0)
+                if not fut.done():
+                    fut.set_result(None)
+                    return
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         for ti, t in enumerate(self._tiers):
-            self._wakeups.append(asyncio.Event())
+            self._idle_writers.append([])
             for _ in range(IN_FLIGHT):
                 task = loop.create_task(self._run(ti), name=f"aiotier-writer-{t.name}")
                 self._tasks.append(task)
@@ -170,7 +177,7 @@ class Writers:
         """Apply tier ``ti``'s queued writes and removes, batching neighbours; beside the tier's
         other writer, on other keys."""
         writes, lock = self._core.writes, self._guard.lock
-        wakeup = self._wakeups[ti]
+        idle_writers, loop = self._idle_writers[ti], asyncio.get_running_loop()
         while True:
             if not self._running.is_set():
                 await self._running.wait()
@@ -180,8 +187,9 @@ class Writers:
             if not batch:
                 if idle:
                     self._idle.set()
-                wakeup.clear()
-                await wakeup.wait()
+                woken = loop.create_future()
+                idle_writers.append(woken)
+                await woken
                 continue
             self._applying += 1
             released = False  # until the tier is known to hold none of the batch's bytes
