@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 
 from ..errors import ConfigError
 
@@ -72,6 +73,15 @@ class Arena:
         """A read-only view of exactly the bytes stored in ``slot``."""
         off = slot * self.block_size
         return self._view[off : off + self.lengths[slot]].toreadonly()
+
+    def starting_with(self, slots: Sequence[int], prefix: bytes) -> list[int]:
+        """The positions in ``slots`` of those whose stored bytes start with ``prefix``."""
+        view, bs, lengths, n = self._view, self.block_size, self.lengths, len(prefix)
+        return [
+            j
+            for j, s in enumerate(slots)
+            if lengths[s] >= n and view[s * bs : s * bs + n] == prefix
+        ]
 
     def read(self, slot: int) -> bytes:
         off = slot * self.block_size

@@ -123,14 +123,15 @@ class Expiry:
     def landed(self, ti: int, keys: Sequence[bytes], slots: Sequence[int], arena: Arena) -> None:
         """Promoted blocks landed from tier ``ti``: arm their deadlines; one already past it is
         dropped at once (counted for tier ``ti``, and removed there)."""
-        magic = len(MANIFEST_MAGIC)
-        view = arena.data_view
+        # only a value's head and its pieces carry an expiry (no block of the scheduler's does)
+        heads = arena.starting_with(slots, MANIFEST_MAGIC)
+        pieces = [j for j, k in enumerate(keys) if k.startswith(PIECE_KEY_PREFIX)]
+        if not heads and not pieces:
+            return
         now: float | None = None
-        for k, slot in zip(keys, slots, strict=True):
-            data = view(slot)
-            if data[:magic] != MANIFEST_MAGIC and not k.startswith(PIECE_KEY_PREFIX):  # type: ignore[comparison-overlap]
-                continue  # no head, not a piece: no expiry (every block of the scheduler's)
-            t = self.arm(slot, k, data)
+        for j in sorted({*heads, *pieces}):
+            k, slot = keys[j], slots[j]
+            t = self.arm(slot, k, arena.data_view(slot))
             if t is None:
                 continue
             if now is None:

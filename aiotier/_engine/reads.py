@@ -20,6 +20,7 @@ from .._core.requests import RequestState
 from .._core.scan import LookupScan
 from .._types import LookupResult
 from ..errors import TieringError
+from ..tiers._ssd.reading import SSDReads
 from ..tiers.base import SecondaryTier
 from ..tiers.memory import MemoryTier
 from .breakers import Breakers, answered
@@ -60,6 +61,8 @@ class TierReads:
         self._queued: dict[int, list[PromotionBatch]] = {}
         #: per tier, whether its lookups and reads never suspend (called at once, unbounded)
         self._inline = tuple(map(_never_suspends, self._tiers))
+        # per tier, whether its lookups never suspend (answered from memory: no timer needed)
+        self._inline_lookups = tuple(map(_lookups_never_suspend, self._tiers))
         # per tier that never suspends, the loop callback that reads its queued batches
         self._callbacks: dict[int, asyncio.Handle] = {}
 
@@ -135,7 +138,7 @@ class TierReads:
         tier = self._tiers[ti]
         ok: bool | None = None
         try:
-            if self._inline[ti]:  # returns before anything else runs: nothing to time out
+            if self._inline_lookups[ti]:  # returns before anything else runs: no timeout
                 answers = _run_now(tier.lookup_many(keys))
             else:
                 async with asyncio.timeout(self._timeout):
@@ -345,6 +348,15 @@ def _never_suspends(tier: SecondaryTier) -> bool:
         isinstance(tier, MemoryTier)
         and cls.lookup_many is MemoryTier.lookup_many
         and cls.read_many_into is MemoryTier.read_many_into
+    )
+
+
+def _lookups_never_suspend(tier: SecondaryTier) -> bool:
+    """A tier whose ``lookup_many`` is one that answers from its index in memory (a
+    :class:`~aiotier.MemoryTier`'s or an :class:`~aiotier.SSDTier`'s, not overridden)."""
+    own = type(tier).lookup_many
+    return (isinstance(tier, MemoryTier) and own is MemoryTier.lookup_many) or (
+        isinstance(tier, SSDReads) and own is SSDReads.lookup_many
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 from collections.abc import Iterator
@@ -276,3 +277,26 @@ async def test_evictions_with_nothing_below_read_nothing_from_disk(
         assert t.usage().evictions == 3
         assert t.take_evictions() == []  # a tier used alone keeps none
     assert reads == []
+
+
+async def test_an_ssd_tier_whose_own_lookup_hangs_is_bounded_by_promotion_timeout(
+    tmp_path: Path,
+) -> None:
+    # the SSD tier's own lookups answer from memory and are asked with no timer; a subclass's
+    # lookup_many may await anything and is bounded as every tier's is
+    blocks = {b"k": blob(1)}
+    await seed(tmp_path / "ssd", blocks)
+
+    class Hanging(SSDTier):
+        async def lookup_many(self, keys: Any) -> list[LookupResult]:
+            await asyncio.Event().wait()
+            raise AssertionError("never set")
+
+    engine = TieringEngine(
+        PrimaryTier(4, BS), [Hanging(tmp_path / "ssd", 64 << 20)], promotion_timeout=0.2
+    )
+    async with engine:
+        assert await engine.lookup(b"k") is LookupResult.MISS
+        counters = engine.stats().counters
+        assert counters.get(("tier_errors", "ssd", "lookup"), 0) == 1
+        assert engine.stats().promotions_in_flight == 0

@@ -253,3 +253,20 @@ def test_random_transitions_never_hand_a_held_slot_to_a_write(seed: int) -> None
         elif clearing:
             index.cleared(clearing.pop(rng.randrange(len(clearing))), rng.random() < 0.9)
         _check(index)
+
+
+def test_reads_ended_lets_each_read_go_and_frees_a_retired_slot_after_its_last() -> None:
+    index = fresh(3)
+    first = landed(index, b"k")
+    other = landed(index, b"j")
+    held = index.pin_many([b"k", b"j", b"k", b"absent"])
+    assert held == [first.slot, other.slot, first.slot, -1]
+    plan = index.plan_write(b"k", 20)  # a rewrite retires the old slot once it is cleared
+    assert plan is not None
+    assert index.write_landed(plan) == first.slot
+    index.cleared(first.slot, ok=True)
+    index.reads_ended([first.slot, other.slot])
+    assert DiskSlot(index.state[first.slot]) is RETIRING  # the batch's second read holds it
+    assert index.holds[other.slot] == 0
+    index.reads_ended([first.slot])
+    assert DiskSlot(index.state[first.slot]) is FREE and first.slot in index.free

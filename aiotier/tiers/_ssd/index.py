@@ -202,6 +202,15 @@ class SSDIndex:
         if holds == 0 and self.state[slot] == RETIRING:
             self._free(slot)
 
+    def reads_ended(self, slots: Sequence[int]) -> None:
+        """:meth:`read_ended` of each slot (a read op's end in one call)."""
+        holds, state = self.holds, self.state
+        for slot in slots:
+            left = holds[slot] - 1
+            holds[slot] = left
+            if left == 0 and state[slot] == RETIRING:
+                self._free(slot)
+
     def read_failed(self, key: bytes, slot: int, seq: int) -> int:
         """The block a read found at ``slot`` does not verify: drop it from the index if it is
         still there (no write replaced it meanwhile). The slot to clear, else -1."""

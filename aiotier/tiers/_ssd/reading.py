@@ -26,6 +26,8 @@ from .turns import KeyTurns
 __all__ = ["SSDReads", "as_exception", "as_key", "unavailable"]
 
 _HIT, _MISS = LookupResult.HIT, LookupResult.MISS
+#: The type of a block read's result that is a length (anything else is an error).
+_LENGTHS = frozenset((int,))
 
 
 class SSDReads:
@@ -105,7 +107,10 @@ class SSDReads:
         keys = [k if type(k) is bytes else as_key(k) for k in keys]
         if self._expiry:
             self._expire(keys)  # out of the index: read as absent (-1)
-        views = [byte_view(b) for b in bufs]
+        views = [
+            b if b.__class__ is memoryview and b.format == "B" and b.ndim == 1 else byte_view(b)
+            for b in bufs
+        ]  # byte_view, inlined for the views of a primary's slots
         batch = ReadBatch(
             self._index, keys, views, self._fds, self._per_file, self._slot_size, self.name
         )
@@ -139,14 +144,13 @@ class SSDReads:
         results: list[Any] = (
             [outcome] * len(op.slots) if isinstance(outcome, BaseException) else outcome
         )
-        index = self._index
         clear: list[int] = []
         try:
-            for j, slot in enumerate(op.slots):
-                r = results[j]
-                if type(r) is not int:
-                    results[j] = self._read_error(op, j, r, clear)
-                index.read_ended(slot)
+            if not set(map(type, results)) <= _LENGTHS:
+                for j, r in enumerate(results):
+                    if type(r) is not int:
+                        results[j] = self._read_error(op, j, r, clear)
+            self._index.reads_ended(op.slots)  # after read_failed: a dropped slot may go free
             if clear:
                 self._clear(clear)
             self._room.set()
