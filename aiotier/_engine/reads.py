@@ -354,7 +354,7 @@ def _never_suspends(tier: SecondaryTier) -> bool:
 def _lookups_never_suspend(tier: SecondaryTier) -> bool:
     """A tier whose ``lookup_many`` is one that answers from its index in memory (a
     :class:`~aiotier.MemoryTier`'s or an :class:`~aiotier.SSDTier`'s, not overridden)."""
-    own = type(tier).lookup_many
+    own: object = type(tier).lookup_many
     return (isinstance(tier, MemoryTier) and own is MemoryTier.lookup_many) or (
         isinstance(tier, SSDReads) and own is SSDReads.lookup_many
     )
