@@ -76,7 +76,11 @@ class Arena:
 
     def starting_with(self, slots: Sequence[int], prefix: bytes) -> list[int]:
         """The positions in ``slots`` of those whose stored bytes start with ``prefix``."""
-        view, bs, lengths, n = self._view, self.block_size, self.lengths, len(prefix)
+        bs, lengths, n = self.block_size, self.lengths, len(prefix)
+        if isinstance(self._buf, bytearray):  # compared in place, no view per slot
+            at = self._buf.startswith
+            return [j for j, s in enumerate(slots) if lengths[s] >= n and at(prefix, s * bs)]
+        view = self._view
         return [
             j
             for j, s in enumerate(slots)

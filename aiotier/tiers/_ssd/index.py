@@ -25,9 +25,10 @@ The rules the states keep:
 from __future__ import annotations
 
 from array import array
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from enum import IntEnum
+from itertools import repeat
 
 __all__ = ["DiskSlot", "SSDIndex", "Victim", "WritePlan"]
 
@@ -183,17 +184,15 @@ class SSDIndex:
 
     def pin_many(self, keys: Sequence[bytes]) -> list[int]:
         """:meth:`pin` of each key (a promotion's batch in one call)."""
-        get, holds, touch = self.lru.get, self.holds, self.lru.move_to_end
-        out = []
-        for key in keys:
-            slot = get(key)
-            if slot is None:
-                out.append(-1)
-                continue
-            holds[slot] += 1
-            touch(key)
-            out.append(slot)
-        return out
+        lru, holds = self.lru, self.holds
+        found: list[int] = list(map(lru.get, keys, repeat(-1)))
+        if -1 in found:
+            keys = [k for k, slot in zip(keys, found, strict=True) if slot >= 0]
+        deque(map(lru.move_to_end, keys), 0)  # each made the most recent, in order
+        for slot in found:
+            if slot >= 0:
+                holds[slot] += 1
+        return found
 
     def read_ended(self, slot: int) -> None:
         """A read of ``slot`` (planned by :meth:`pin`) is over, whatever it found."""
