@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -39,7 +39,9 @@ class TierReads:
     the key stays in flight until then (``aclose`` cancels it, concurrent lookups join it). A
     tier whose reads never suspend (a :class:`~aiotier.MemoryTier`) is read by a loop callback
     rather than a task: the read returns before anything else runs, so it needs no task, no
-    timer to bound it and no waiter.
+    timer to bound it and no waiter. An :class:`~aiotier.SSDTier` is read by a loop callback
+    too, and its read ends by a callback from the tier's last thread op (no task, no future
+    to wake it: a loop turn fewer each way); the timer still bounds it.
     """
 
     def __init__(
@@ -57,12 +59,18 @@ class TierReads:
         self._timeout = promotion_timeout
         #: promotion tasks not finished yet
         self.tasks: set[asyncio.Task[None]] = set()
+        #: promotion reads ending by callback that have not stopped yet
+        self.reads: set[_Read] = set()
+        # set once ``reads`` empties, for a close that waits for them
+        self._reads_stopped: asyncio.Future[None] | None = None
         # per tier, batches whose read has not started: they join the next one
         self._queued: dict[int, list[PromotionBatch]] = {}
         #: per tier, whether its lookups and reads never suspend (called at once, unbounded)
         self._inline = tuple(map(_never_suspends, self._tiers))
         # per tier, whether its lookups never suspend (answered from memory: no timer needed)
         self._inline_lookups = tuple(map(_lookups_never_suspend, self._tiers))
+        # per tier, whether its reads can end by callback (an SSDTier's own reads)
+        self._by_callback = tuple(map(_reads_by_callback, self._tiers))
         # per tier that never suspends, the loop callback that reads its queued batches
         self._callbacks: dict[int, asyncio.Handle] = {}
 
@@ -108,13 +116,21 @@ class TierReads:
         for task in self.tasks:
             if not task.cancelling():
                 task.cancel()
+        for read in list(self.reads):  # a read may end as it is stopped
+            if not read.cancelled:
+                read.cancelled = True
+                read.stop()
 
     async def cancel(self, timeout: float) -> None:
-        """Cancel every promotion task and give them ``timeout`` to finish."""
-        tasks = list(self.tasks)
+        """Cancel every promotion read and give them ``timeout`` to finish."""
+        waits: list[asyncio.Future[Any]] = list(self.tasks)
         self.cancel_tasks()
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout)
+        if self.reads:
+            if self._reads_stopped is None:
+                self._reads_stopped = asyncio.get_running_loop().create_future()
+            waits.append(self._reads_stopped)
+        if waits:
+            await asyncio.wait(waits, timeout=timeout)
         self._queued.clear()  # reads that never started: the core counts them cancelled
 
     async def consult(self, scan: LookupScan) -> None:
@@ -170,10 +186,17 @@ class TierReads:
             if self._inline[ti]:
                 self._callbacks[ti] = loop.call_soon(self._read_now, ti)
                 continue
-            name = f"aiotier-promote-{self._tiers[ti].name}"
-            task = loop.create_task(self._promote(ti), name=name)
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            if self._by_callback[ti]:
+                self._callbacks[ti] = loop.call_soon(self._read_by_callback, ti)
+                continue
+            self._start_task(ti)
+
+    def _start_task(self, ti: int, batches: list[PromotionBatch] | None = None) -> None:
+        """A promotion task reading tier ``ti``: ``batches``, or those queued when it runs."""
+        name = f"aiotier-promote-{self._tiers[ti].name}"
+        task = asyncio.get_running_loop().create_task(self._promote(ti, batches), name=name)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     def _read_now(self, ti: int) -> None:
         """Read the batches queued for tier ``ti``, whose reads never suspend (they copy from
@@ -191,6 +214,65 @@ class TierReads:
             pass
         self._completed(batches, outcome, lengths)
         self._breakers.record(ti, ok)
+
+    def _read_by_callback(self, ti: int) -> None:
+        """Start the read of the batches queued for tier ``ti`` (an SSD tier), which ends by
+        :meth:`_read_ended`; a read the tier cannot do that way goes to a task."""
+        del self._callbacks[ti]
+        batches = self._queued.pop(ti)
+        if not self._breakers.allow(ti):
+            self._completed(batches, Outcome.ERROR)
+            return
+        read = _Read(ti, batches)
+        tier = self._tiers[ti]
+        assert isinstance(tier, SSDReads)
+        self.reads.add(read)
+        try:
+            stop = tier.start_reads(*self._targets(batches), partial(self._read_ended, read))
+        except Exception:
+            self._read_ended(read, None, Outcome.ERROR)
+            return
+        if stop is None:  # a key on its way down: read by read_many_into
+            self.reads.discard(read)
+            self._start_task(ti, batches)
+            return
+        read.stop = stop
+        if not read.finished:
+            read.timer = asyncio.get_running_loop().call_later(
+                self._timeout, self._give_up, read
+            )
+
+    def _read_ended(
+        self,
+        read: _Read,
+        lengths: list[int | Exception] | None,
+        outcome: Outcome = Outcome.OK,
+    ) -> None:
+        """A read started by :meth:`_read_by_callback` stopped: settle it (unless the timer
+        gave it up: then only its slots are let go). ``lengths`` None: it was withdrawn."""
+        read.finished = True
+        self.reads.discard(read)
+        if read.timer is not None:
+            read.timer.cancel()
+        ok: bool | None = False
+        if read.cancelled:
+            outcome, ok = Outcome.CANCELLED, None
+        elif lengths is None:
+            outcome = Outcome.ERROR  # withdrawn by a give-up only, settled already
+        elif outcome is Outcome.OK:
+            ok = answered(lengths)
+        try:
+            if read.given_up:
+                with self._guard.lock:
+                    self._core.promotions.release_read_pins(read.held)
+            else:
+                self._completed(read.batches, outcome, lengths or ())
+                self._breakers.record(read.tier, ok)
+        finally:
+            if not self.reads and self._reads_stopped is not None:
+                if not self._reads_stopped.done():
+                    self._reads_stopped.set_result(None)
+                self._reads_stopped = None
 
     def _targets(self, batches: list[PromotionBatch]) -> tuple[list[bytes], list[memoryview]]:
         """The keys of ``batches`` and views of the slots reserved for them (the slots stay
@@ -211,7 +293,7 @@ class TierReads:
         with self._guard.lock:
             self._core.promotions.completed(batches, outcome, lengths)
 
-    async def _promote(self, ti: int) -> None:
+    async def _promote(self, ti: int, batches: list[PromotionBatch] | None = None) -> None:
         """Read the batches queued for tier ``ti`` straight into their reserved slots.
 
         This task is the read. Past ``promotion_timeout`` a timer gives the promotion up at
@@ -219,7 +301,8 @@ class TierReads:
         pinned until the task has really ended, since the tier may still write into them. A
         read that returns after ``aclose`` cancelled it is counted cancelled all the same.
         """
-        batches = self._queued.pop(ti)
+        if batches is None:
+            batches = self._queued.pop(ti)
         if not self._breakers.allow(ti):  # the circuit is open: the read fails unattempted
             self._completed(batches, Outcome.ERROR)
             return
@@ -228,7 +311,8 @@ class TierReads:
         read = _Read(ti, batches)
         task = asyncio.current_task()
         assert task is not None
-        timer = asyncio.get_running_loop().call_later(self._timeout, self._give_up, read, task)
+        read.task, read.stop = task, task.cancel
+        timer = asyncio.get_running_loop().call_later(self._timeout, self._give_up, read)
         outcome = Outcome.OK
         lengths: list[int | Exception] = []
         ok: bool | None = False
@@ -253,16 +337,16 @@ class TierReads:
                 self._completed(batches, outcome, lengths)
                 self._breakers.record(ti, ok)
 
-    def _give_up(self, read: _Read, task: asyncio.Task[None]) -> None:
+    def _give_up(self, read: _Read) -> None:
         """``promotion_timeout`` passed: give the read up one loop turn later, unless it ends
         first (after a busy stretch of the loop, a read that ended in time has its wake-up
         queued in the turn that runs this timer)."""
-        asyncio.get_running_loop().call_soon(self._give_up_now, read, task)
+        asyncio.get_running_loop().call_soon(self._give_up_now, read)
 
-    def _give_up_now(self, read: _Read, task: asyncio.Task[None]) -> None:
+    def _give_up_now(self, read: _Read) -> None:
         """Every key of the read is a MISS now (unless it ended, or ``aclose`` cancelled it:
-        the task then settles it as cancelled)."""
-        if read.finished or task.cancelling():
+        the read then settles as cancelled)."""
+        if read.finished or read.cancelled or (read.task is not None and read.task.cancelling()):
             return
         read.given_up = True
         self._breakers.record(read.tier, False)
@@ -270,7 +354,7 @@ class TierReads:
             read.held = self._core.promotions.completed(
                 read.batches, Outcome.TIMEOUT, read_stopped=False
             )
-        task.cancel()
+        read.stop()
 
     async def wait(self, ks: Sequence[bytes], timeout: float | None) -> list[LookupResult]:
         """Await until none of ``ks`` is in flight; their settled HIT or MISS."""
@@ -330,7 +414,8 @@ class TierReads:
 class _Read:
     """One promotion read in flight: what the timer settled if it gave up first."""
 
-    __slots__ = ("batches", "finished", "given_up", "held", "tier")
+    __slots__ = ("batches", "cancelled", "finished", "given_up", "held", "stop", "task",
+                 "tier", "timer")  # fmt: skip
 
     def __init__(self, tier: int, batches: list[PromotionBatch]) -> None:
         self.tier = tier
@@ -338,6 +423,21 @@ class _Read:
         self.finished = False  # the tier's call returned, raised or was cancelled
         self.given_up = False
         self.held: list[int] = []  # slots still pinned by the read the timer gave up on
+        #: stops the read: cancels its task, or withdraws what no thread has started
+        self.stop: Callable[[], object] = _nothing
+        self.task: asyncio.Task[None] | None = None  # a read without one ends by callback
+        self.cancelled = False  # by aclose (a read without a task)
+        self.timer: asyncio.TimerHandle | None = None
+
+
+def _nothing() -> None:
+    """A read with nothing to stop yet."""
+
+
+def _reads_by_callback(tier: SecondaryTier) -> bool:
+    """An :class:`~aiotier.SSDTier` with its own reads (a subclass may read otherwise)."""
+    own: object = type(tier).read_many_into
+    return isinstance(tier, SSDReads) and own is SSDReads.read_many_into
 
 
 def _never_suspends(tier: SecondaryTier) -> bool:

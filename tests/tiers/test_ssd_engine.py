@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from blockbuster import blockbuster_ctx
+from helpers import aiotier_tasks, eventually
 
 from aiotier import ConfigError, LookupResult, PrimaryTier, TieringEngine, TieringError
 from aiotier.tiers import MemoryTier, SSDTier
@@ -300,3 +302,84 @@ async def test_an_ssd_tier_whose_own_lookup_hangs_is_bounded_by_promotion_timeou
         counters = engine.stats().counters
         assert counters.get(("tier_errors", "ssd", "lookup"), 0) == 1
         assert engine.stats().promotions_in_flight == 0
+
+
+def held_reads(
+    tier: SSDTier, monkeypatch: pytest.MonkeyPatch
+) -> tuple[threading.Event, threading.Event]:
+    """Make the open tier's reads wait on their thread: (entered, release)."""
+    entered, release = threading.Event(), threading.Event()
+    assert tier.runner is not None
+    nowait = tier.runner.nowait
+    real = nowait.preadv
+
+    def held(*args: Any) -> int:  # on the tier's thread, before the buffer is written
+        entered.set()
+        assert release.wait(10)
+        return real(*args)
+
+    monkeypatch.setattr(nowait, "preadv", held)
+    return entered, release
+
+
+async def test_an_ssd_promotion_runs_with_no_task_and_lands_only_after_the_lookup(
+    tmp_path: Path,
+) -> None:
+    blocks = {f"k{i}".encode(): blob(i) for i in range(4)}
+    await seed(tmp_path / "ssd", blocks)
+    async with TieringEngine(PrimaryTier(8, BS), [SSDTier(tmp_path / "ssd", 64 << 20)]) as e:
+        keys = list(blocks)
+        assert await e.lookup_prefix(keys) is None
+        assert await e.lookup(keys[0]) is LookupResult.RETRY  # in flight until the loop reads
+        assert aiotier_tasks("promote") == []  # the read ends by callback, not in a task
+        assert await e.wait(keys, timeout=10) == [LookupResult.HIT] * 4
+        spec = e.prepare_load(keys)
+        assert [bytes(b) for b in spec.buffers] == list(blocks.values())
+        e.complete_load(keys)
+
+
+async def test_a_hung_ssd_read_is_given_up_at_promotion_timeout_and_its_slot_kept_until_it_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await seed(tmp_path / "ssd", {b"k": blob(1)})
+    tier = SSDTier(tmp_path / "ssd", 64 << 20)
+    async with TieringEngine(PrimaryTier(1, BS), [tier], promotion_timeout=0.2) as e:
+        entered, release = held_reads(tier, monkeypatch)
+        assert await e.lookup(b"k") is LookupResult.RETRY
+        await eventually(entered.is_set)
+        assert await e.wait([b"k"], timeout=5) == [LookupResult.MISS]  # given up at the timeout
+        counters = e.stats().counters
+        assert counters.get(("promotions", "ssd", "timeout"), 0) == 1
+        assert counters.get(("tier_errors", "ssd", "read"), 0) == 1
+        # the thread may still write into the slot: it stays pinned, so a store finds no room
+        assert e.stats().pinned_blocks == 1
+        assert e.prepare_store([b"new"]) is None
+        release.set()
+        await eventually(lambda: e.stats().pinned_blocks == 0)
+        assert e.prepare_store([b"new"]) is not None
+        assert e.stats().promotions_in_flight == 0
+
+
+async def test_aclose_waits_for_an_ssd_read_on_its_thread_and_counts_it_cancelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await seed(tmp_path / "ssd", {b"k": blob(1), b"j": blob(2)})
+    tier = SSDTier(tmp_path / "ssd", 64 << 20, io_threads=1)
+    e = TieringEngine(PrimaryTier(4, BS), [tier], promotion_timeout=30)
+    await e.open()
+    entered, release = held_reads(tier, monkeypatch)
+    assert await e.lookup(b"k") is LookupResult.RETRY
+    await eventually(entered.is_set)
+    e.end_step()
+    assert await e.lookup(b"j") is LookupResult.RETRY  # queued behind k's read: one thread
+    await asyncio.sleep(0)  # the loop starts j's read, which waits for the thread
+    closing = asyncio.ensure_future(e.aclose())
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not closing.done()  # k's thread may still write into the arena
+    release.set()
+    await asyncio.wait_for(closing, 10)
+    counters = e.stats().counters
+    assert counters.get(("promotions", "ssd", "cancelled"), 0) == 2  # k ran, j was withdrawn
+    assert counters.get(("promotions", "ssd", "ok"), 0) == 0
+    assert tier.index.holds[tier.index.lru[b"j"]] == 0  # closed tier: its index still readable

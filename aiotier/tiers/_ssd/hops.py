@@ -121,10 +121,17 @@ class _Group:
     caller cancelled meanwhile cancels it, and then waits on :attr:`settled` instead.
     """
 
-    __slots__ = ("fut", "remaining", "results", "settled")
+    __slots__ = ("done", "fut", "remaining", "results", "settled")
 
-    def __init__(self, fut: asyncio.Future[None], n: int) -> None:
+    def __init__(
+        self,
+        fut: asyncio.Future[None] | None,
+        n: int,
+        done: Callable[[list[Any]], None] | None = None,
+    ) -> None:
         self.fut = fut
+        #: Called with the outcomes when there is no future (:meth:`HopRunner.start_group`).
+        self.done = done
         self.remaining = n
         self.results: list[Any] = [None] * n
         #: Made by a cancelled caller that must wait for the ops still on a thread.
@@ -137,6 +144,9 @@ class _Group:
             for fut in (self.fut, self.settled):
                 if fut is not None and not fut.done():
                     fut.set_result(None)
+            if self.done is not None:
+                done, self.done = self.done, None
+                done(self.results)
 
 
 def run_ops(ops: list[DiskOp], nowait: NowaitProbe) -> list[Any]:
@@ -273,7 +283,8 @@ class HopRunner:
         caller's buffers, and the caller may reuse them as soon as we return. ``withdrawable``
         ops still queued are dropped at once instead.
         """
-        group = _Group(self._loop.create_future(), len(ops))
+        fut = self._loop.create_future()
+        group = _Group(fut, len(ops))
         for i, op in enumerate(ops):
             op.group = group
             op.index = i
@@ -281,7 +292,7 @@ class HopRunner:
         self._idle.clear()
         self._flush()
         try:
-            await group.fut
+            await fut
         except asyncio.CancelledError:
             if withdrawable:
                 for op in ops:
@@ -292,6 +303,28 @@ class HopRunner:
             await self._wait_settled(group)
             raise
         return group.results
+
+    def start_group(self, ops: Sequence[DiskOp], done: Callable[[list[Any]], None]) -> None:
+        """Run ``ops`` as :meth:`submit_group` does, with no future to await: ``done(outcomes)``
+        is called on the loop once every op settled (in the call itself when the pool is shut
+        down). :meth:`withdraw` takes back the ops no thread has started."""
+        group = _Group(None, len(ops), done)
+        for i, op in enumerate(ops):
+            op.group = group
+            op.index = i
+        self._queue.extend(ops)
+        self._idle.clear()
+        self._flush()
+
+    def withdraw(self, ops: Sequence[DiskOp], outcome: Any) -> None:
+        """Take back those of ``ops`` (of one :meth:`start_group`) no thread has started: each
+        settles with ``outcome`` at once (and is marked :attr:`~DiskOp.withdrawn`)."""
+        taken = [op for op in ops if not op.started and not op.withdrawn]
+        for op in taken:
+            op.withdrawn = True
+        self._maybe_idle()
+        for op in taken:
+            op.settle(outcome)
 
     def _flush(self) -> None:
         """Pack queued ops into hops, spreading them over the free threads."""

@@ -9,7 +9,8 @@ sets when it opens, declared below.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
 from ..._types import LookupResult, normalize_key
@@ -28,6 +29,8 @@ __all__ = ["SSDReads", "as_exception", "as_key", "unavailable"]
 _HIT, _MISS = LookupResult.HIT, LookupResult.MISS
 #: The type of a block read's result that is a length (anything else is an error).
 _LENGTHS = frozenset((int,))
+#: What a withdrawn read op settles with (its reads never ran).
+_WITHDRAWN = asyncio.CancelledError("withdrawn before a thread started it")
 
 
 class SSDReads:
@@ -101,6 +104,59 @@ class SSDReads:
     ) -> list[int | Exception]:
         """Read many blocks straight into ``bufs``, one op per thread; one bad block never
         fails the rest."""
+        runner, batch, views = self._plan(keys, bufs)
+        out, keys = batch.out, batch.keys
+        if len(batch):
+            ops = batch.ops(self._parts(len(batch), runner), self._reads_done)
+            try:
+                results = await runner.submit_group(ops, withdrawable=True)
+            except asyncio.CancelledError:
+                self._withdrawn(ops)
+                raise
+            batch.settle(results)
+        for i in batch.missing:
+            if keys[i] in self._handover:  # evicted a moment ago, on its way down
+                try:
+                    out[i] = await self._handover.read_into(keys[i], views[i], self.name)
+                except Exception as exc:
+                    out[i] = exc
+        return out
+
+    def start_reads(
+        self,
+        keys: Sequence[bytes],
+        bufs: Sequence[memoryview],
+        done: Callable[[list[int | Exception] | None], None],
+    ) -> Callable[[], None] | None:
+        """:meth:`read_many_into` with no coroutine (the engine's promotions, one future, task
+        and loop turn fewer per batch): ``done`` gets the results on the loop once the read has
+        stopped, from this call when nothing goes to a thread. The return value withdraws the
+        ops no thread has started, as cancelling :meth:`read_many_into` does; ``done`` then
+        gets None once the others have ended. Nothing starts, and None is returned, when a key
+        is on its way down (read by :meth:`read_many_into` only); errors raise here."""
+        handover = self._handover
+        if handover and any(as_key(k) in handover for k in keys):
+            return None
+        runner, batch, _views = self._plan(keys, bufs)
+        if not len(batch):
+            done(batch.out)
+            return _nothing
+        ops = batch.ops(self._parts(len(batch), runner), self._reads_done)
+
+        def ended(results: list[Any]) -> None:
+            if self._withdrawn(ops):
+                done(None)
+            else:
+                done(batch.settle(results))
+
+        runner.start_group(ops, ended)
+        return partial(runner.withdraw, ops, _WITHDRAWN)
+
+    def _plan(
+        self, keys: Sequence[bytes], bufs: Sequence[memoryview]
+    ) -> tuple[HopRunner, ReadBatch, list[memoryview]]:
+        """The tier's runner, the batch of reads of ``keys`` into ``bufs`` (their slots pinned)
+        and the buffers as views; raises when the tier is closed or the lengths differ."""
         runner = self._check_open()
         if len(keys) != len(bufs):
             raise ValueError(f"{len(keys)} keys but {len(bufs)} buffers")
@@ -114,25 +170,15 @@ class SSDReads:
         batch = ReadBatch(
             self._index, keys, views, self._fds, self._per_file, self._slot_size, self.name
         )
-        out = batch.out
-        if len(batch):
-            ops = batch.ops(self._parts(len(batch), runner), self._reads_done)
-            try:
-                results = await runner.submit_group(ops, withdrawable=True)
-            except asyncio.CancelledError:
-                for op in ops:
-                    if op.withdrawn:  # never reached a thread: its reads never end there
-                        for slot in op.slots:
-                            self._index.read_ended(slot)
-                raise
-            batch.settle(results)
-        for i in batch.missing:
-            if keys[i] in self._handover:  # evicted a moment ago, on its way down
-                try:
-                    out[i] = await self._handover.read_into(keys[i], views[i], self.name)
-                except Exception as exc:
-                    out[i] = exc
-        return out
+        return runner, batch, views
+
+    def _withdrawn(self, ops: list[SlotReads]) -> bool:
+        """Let go of the slots of ``ops`` taken back before a thread saw them (their reads
+        never end there); whether there were any."""
+        taken = [op for op in ops if op.withdrawn]
+        for op in taken:
+            self._index.reads_ended(op.slots)
+        return bool(taken)
 
     def _locate(self, slot: int) -> tuple[int, int]:
         f, i = divmod(slot, self._per_file)
@@ -172,6 +218,10 @@ class SSDReads:
         if isinstance(r, OSError):
             return unavailable(f"ssd tier {self.name!r}: reading block {key[:64]!r}", r)
         return as_exception(r)
+
+
+def _nothing() -> None:
+    """Withdraws nothing: a read that sent nothing to a thread."""
 
 
 def unavailable(message: str, cause: OSError) -> TierUnavailableError:
