@@ -108,7 +108,10 @@ class NowaitProbe:
                 raise
             self.flag = 0
             return 0
-        if got < sum(v.nbytes for v in views):
+        want = 0
+        for v in views:  # no generator: this runs per block, holding the GIL
+            want += v.nbytes
+        if got < want:
             self.found_at = time.monotonic()
             self.resting_until = self.found_at + self.rest
         return got
