@@ -191,10 +191,14 @@ class TierReads:
                 continue
             self._start_task(ti)
 
-    def _start_task(self, ti: int, batches: list[PromotionBatch] | None = None) -> None:
-        """A promotion task reading tier ``ti``: ``batches``, or those queued when it runs."""
+    def _start_task(
+        self, ti: int, batches: list[PromotionBatch] | None = None, *, allowed: bool = False
+    ) -> None:
+        """A promotion task reading tier ``ti``: ``batches``, or those queued when it runs
+        (``allowed``: the breaker let this read through already)."""
         name = f"aiotier-promote-{self._tiers[ti].name}"
-        task = asyncio.get_running_loop().create_task(self._promote(ti, batches), name=name)
+        read = self._promote(ti, batches, allowed=allowed)
+        task = asyncio.get_running_loop().create_task(read, name=name)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -234,7 +238,7 @@ class TierReads:
             return
         if stop is None:  # a key on its way down: read by read_many_into
             self.reads.discard(read)
-            self._start_task(ti, batches)
+            self._start_task(ti, batches, allowed=True)
             return
         read.stop = stop
         if not read.finished:
@@ -293,7 +297,9 @@ class TierReads:
         with self._guard.lock:
             self._core.promotions.completed(batches, outcome, lengths)
 
-    async def _promote(self, ti: int, batches: list[PromotionBatch] | None = None) -> None:
+    async def _promote(
+        self, ti: int, batches: list[PromotionBatch] | None = None, *, allowed: bool = False
+    ) -> None:
         """Read the batches queued for tier ``ti`` straight into their reserved slots.
 
         This task is the read. Past ``promotion_timeout`` a timer gives the promotion up at
@@ -303,7 +309,7 @@ class TierReads:
         """
         if batches is None:
             batches = self._queued.pop(ti)
-        if not self._breakers.allow(ti):  # the circuit is open: the read fails unattempted
+        if not (allowed or self._breakers.allow(ti)):  # the circuit is open: fails unattempted
             self._completed(batches, Outcome.ERROR)
             return
         tier = self._tiers[ti]

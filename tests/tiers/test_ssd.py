@@ -1475,3 +1475,25 @@ async def test_a_batch_that_rewrites_a_key_never_hands_its_older_copy_down(
         assert handed.get(b"K", b"new" * 10) == b"new" * 10, "K's older copy was handed down"
     finally:
         await tier.aclose()
+
+
+async def test_start_reads_lands_by_callback_and_leaves_a_key_on_its_way_down_to_read_many_into(
+    root: Path,
+) -> None:
+    async with SSDTier(root, 2 * slot_size(4096), block_size=4096) as t:
+        await t.open(TierSetup(evictions="bytes"))
+        await write_one(t, b"k0", b"0" * 1000)
+        await write_one(t, b"k1", b"1" * 1000)
+        got: list[list[int | Exception] | None] = []
+        bufs = [memoryview(bytearray(4096)), memoryview(bytearray(10))]
+        stop = t.start_reads([b"k1", b"k1"], bufs, got.append)
+        assert stop is not None and got == []  # on the threads: it ends on a later loop turn
+        await until(lambda: bool(got))
+        assert isinstance(got[0], list) and got[0][0] == 1000
+        assert isinstance(got[0][1], ValueError)  # a buffer too short, as read_many_into says
+        assert bytes(bufs[0][:1000]) == b"1" * 1000
+        assert t.index.holds[t.index.lru[b"k1"]] == 0
+        await write_one(t, b"k2", b"2" * 1000)  # evicts k0: its bytes wait for the tier below
+        assert t.start_reads([b"k0"], [memoryview(bytearray(4096))], got.append) is None
+        assert len(got) == 1  # nothing started: read_many_into reads it from the hand-over
+        assert await read(t, b"k0") == b"0" * 1000
