@@ -262,7 +262,7 @@ class TierReads:
         if read.cancelled:
             outcome, ok = Outcome.CANCELLED, None
         elif lengths is None:
-            outcome = Outcome.ERROR  # withdrawn by a give-up only, settled already
+            outcome = Outcome.ERROR  # the start raised, or a give-up withdrew the rest
         elif outcome is Outcome.OK:
             ok = answered(lengths)
         try:

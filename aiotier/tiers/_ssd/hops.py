@@ -284,13 +284,7 @@ class HopRunner:
         ops still queued are dropped at once instead.
         """
         fut = self._loop.create_future()
-        group = _Group(fut, len(ops))
-        for i, op in enumerate(ops):
-            op.group = group
-            op.index = i
-        self._queue.extend(ops)
-        self._idle.clear()
-        self._flush()
+        group = self._start(ops, _Group(fut, len(ops)))
         try:
             await fut
         except asyncio.CancelledError:
@@ -308,13 +302,17 @@ class HopRunner:
         """Run ``ops`` as :meth:`submit_group` does, with no future to await: ``done(outcomes)``
         is called on the loop once every op settled (in the call itself when the pool is shut
         down). :meth:`withdraw` takes back the ops no thread has started."""
-        group = _Group(None, len(ops), done)
+        self._start(ops, _Group(None, len(ops), done))
+
+    def _start(self, ops: Sequence[DiskOp], group: _Group) -> _Group:
+        """Queue ``ops`` under ``group`` and start them on the free threads now."""
         for i, op in enumerate(ops):
             op.group = group
             op.index = i
         self._queue.extend(ops)
         self._idle.clear()
         self._flush()
+        return group
 
     def withdraw(self, ops: Sequence[DiskOp], outcome: Any) -> None:
         """Take back those of ``ops`` (of one :meth:`start_group`) no thread has started: each
