@@ -36,44 +36,40 @@ class ReadBatch:
     ) -> None:
         self.keys = keys
         self.out: list[int | Exception] = [-1] * len(keys)
-        pinned = index.pin_many(keys)
-        order = sorted([(slot, i) for i, slot in enumerate(pinned) if slot >= 0])
-        self.missing = [i for i, slot in enumerate(pinned) if slot < 0] if len(order) < len(
-            keys
-        ) else []
-        lengths = index.length
-        if any([views[i].nbytes < lengths[slot] for slot, i in order]):
-            order = self._drop_short(index, order, views, tier_name)
-        self.slots = slots = [slot for slot, _i in order]
-        self.pos = [i for _slot, i in order]
-        self.fds = [files[slot // slots_per_file] for slot in slots]
-        self.offsets = [slot % slots_per_file * slot_size for slot in slots]
-        seqs = index.seq
-        self.seqs = [seqs[slot] for slot in slots]
-        self.views = [views[i][: lengths[slot]] for slot, i in order]
-        self.nbytes = sum([lengths[slot] for slot in slots])
-
-    def _drop_short(
-        self,
-        index: SSDIndex,
-        order: list[tuple[int, int]],
-        views: Sequence[memoryview],
-        tier_name: str,
-    ) -> list[tuple[int, int]]:
-        """``order`` without the blocks whose buffer is too short: each answers a
-        ``ValueError``, its slot let go at once."""
-        kept = []
+        self.missing: list[int] = []
+        order: list[tuple[int, int]] = []
+        for i, slot in enumerate(index.pin_many(keys)):
+            if slot >= 0:
+                order.append((slot, i))
+            else:
+                self.missing.append(i)
+        order.sort()
+        lengths, seqs = index.length, index.seq
+        self.pos: list[int] = []
+        self.fds: list[int] = []
+        self.offsets: list[int] = []
+        self.seqs: list[int] = []
+        self.views: list[memoryview] = []
+        self.slots: list[int] = []
+        self.nbytes = 0
         for slot, i in order:
-            length = index.length[slot]
-            if views[i].nbytes >= length:
-                kept.append((slot, i))
+            length = lengths[slot]
+            view = views[i]
+            if view.nbytes < length:
+                index.read_ended(slot)
+                self.out[i] = ValueError(
+                    f"ssd tier {tier_name!r}: block {keys[i][:64]!r} is {length} bytes, buffer "
+                    f"holds {view.nbytes}"
+                )
                 continue
-            index.read_ended(slot)
-            self.out[i] = ValueError(
-                f"ssd tier {tier_name!r}: block {self.keys[i][:64]!r} is {length} bytes, buffer "
-                f"holds {views[i].nbytes}"
-            )
-        return kept
+            f, j = divmod(slot, slots_per_file)
+            self.pos.append(i)
+            self.fds.append(files[f])
+            self.offsets.append(j * slot_size)
+            self.seqs.append(seqs[slot])
+            self.views.append(view[:length])
+            self.slots.append(slot)
+            self.nbytes += length
 
     def __len__(self) -> int:
         """Reads that go to the disk."""
