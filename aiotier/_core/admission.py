@@ -56,15 +56,11 @@ class FrequencySketch:
         return len(self._counts)
 
     def _cells(self, key: bytes) -> tuple[int, int, int, int]:
-        h = hash(key)
-        step = (h >> 32) | 1  # double hashing: four rows, four independent-enough cells
-        m, w = self._mask, self.width
-        return (
-            h & m,
-            w + ((h + step) & m),
-            2 * w + ((h + 2 * step) & m),
-            3 * w + ((h + 3 * step) & m),
-        )
+        # double hashing: four rows, four independent-enough cells, ``(h + i * step) & mask``
+        # taken on the masked parts (the same cells) so that no arithmetic makes a large int
+        h, m, w = hash(key), self._mask, self.width
+        a, step = h & m, (h >> 32 & m) | 1
+        return a, w + ((a + step) & m), 2 * w + ((a + 2 * step) & m), 3 * w + ((a + 3 * step) & m)
 
     def _cells_many(self, keys: Iterable[bytes]) -> list[tuple[int, int, int, int]]:
         """:meth:`_cells` of each key, in one call."""
@@ -73,9 +69,8 @@ class FrequencySketch:
         out: list[tuple[int, int, int, int]] = []
         append = out.append
         for h in map(hash, keys):
-            step = (h >> 32) | 1
-            a, b = h & m, w + ((h + step) & m)
-            append((a, b, w2 + ((h + 2 * step) & m), w3 + ((h + 3 * step) & m)))
+            a, step = h & m, (h >> 32 & m) | 1
+            append((a, w + ((a + step) & m), w2 + ((a + 2 * step) & m), w3 + ((a + 3 * step) & m)))
         return out
 
     def add(self, keys: Iterable[bytes]) -> None:
@@ -117,8 +112,11 @@ class FrequencySketch:
             return [self.increment(k) for k in keys]  # a halving on the way
         out: list[int] = []
         append = out.append
-        counts = self._counts
-        for a, b, c, d in self._cells_many(keys):  # a saturated count stays at 255
+        counts, m, w = self._counts, self._mask, self.width
+        w2, w3 = 2 * w, 3 * w
+        for h in map(hash, keys):  # _cells_many, inlined; a saturated count stays at 255
+            a, step = h & m, (h >> 32 & m) | 1
+            b, c, d = w + ((a + step) & m), w2 + ((a + 2 * step) & m), w3 + ((a + 3 * step) & m)
             ca, cb, cc, cd = counts[a], counts[b], counts[c], counts[d]
             counts[a] = ca = ca + (ca < 255)
             counts[b] = cb = cb + (cb < 255)

@@ -16,10 +16,11 @@ hits 12% more than LRU at 5% of the blocks; ``docs/traces.md``).
 
 from __future__ import annotations
 
-import heapq
+from collections.abc import Iterator
 
 from .admission import FrequencySketch
-from .policy import Evictable, EvictionPolicy, _all_evictable
+from .gather import gather
+from .policy import Evictable, EvictionPolicy, _consume, _evictable_run
 
 __all__ = ["LFUDAPolicy"]
 
@@ -30,28 +31,31 @@ __all__ = ["LFUDAPolicy"]
 #: conversation trace alone.
 HISTORY = 16
 WINDOW = 2
+#: Empty priorities the victim search steps over one by one before it looks the next one up.
+_SCAN = 16
 
 
 class LFUDAPolicy(EvictionPolicy):
-    """LFUDA over slots: a min-heap of ``(priority, tick, slot)`` with lazy deletion.
+    """LFUDA over slots: one bucket per priority, each a dict of its slots in the order they
+    were stamped (priorities are small integers, so there is no heap, no tuple and no stale
+    entry to pop).
 
-    A slot's live entry is the one whose tick matches ``_tick[slot]``; touching a slot pushes a
-    new entry and leaves the old one stale until it surfaces (or the heap is rebuilt when stale
-    entries outnumber live ones). Ties go to the block used least recently. Memory: the sketch's
-    ``64 x num_blocks`` to ``128 x num_blocks`` bytes (the sketch's four rows of a power of two
-    counters), plus a heap entry and three dict entries per resident block.
+    Eviction walks the buckets upwards from the lowest, each from its oldest slot: the lowest
+    priority first, ties to the block used least recently. Memory: the sketch's
+    ``64 x num_blocks`` to ``128 x num_blocks`` bytes (its four rows of a power of two
+    counters), plus three dict entries per resident block.
     """
 
-    __slots__ = ("_age", "_count", "_heap", "_key", "_sketch", "_tick", "_ticks")
+    __slots__ = ("_age", "_buckets", "_key", "_low", "_sketch", "_where")
 
     def __init__(self, num_blocks: int) -> None:
         self._sketch = FrequencySketch(HISTORY * max(num_blocks, 1), window=WINDOW)
         self._age = 0
-        self._ticks = 0
-        self._heap: list[tuple[int, int, int]] = []
+        #: priority -> {slot: its key's count at its last use}, oldest stamp first
+        self._buckets: dict[int, dict[int, int]] = {}
+        self._where: dict[int, int] = {}  # slot -> its priority
         self._key: dict[int, bytes] = {}
-        self._count: dict[int, int] = {}  # the key's count at its last use
-        self._tick: dict[int, int] = {}
+        self._low = 0  # at most the lowest priority in use
 
     @property
     def age(self) -> int:
@@ -59,104 +63,195 @@ class LFUDAPolicy(EvictionPolicy):
         return self._age
 
     def _stamp(self, slot: int, count: int) -> None:
-        self._ticks = t = self._ticks + 1
-        self._tick[slot] = t
-        heapq.heappush(self._heap, (self._age + count, t, slot))
-        self._compact()
+        """``slot`` (not in a bucket) becomes the newest of priority ``age + count``."""
+        p = self._age + count
+        bucket = self._buckets.get(p)
+        if bucket is None:
+            self._buckets[p] = {slot: count}
+            self._low = min(self._low, p)
+        else:
+            bucket[slot] = count
+        self._where[slot] = p
 
-    def _compact(self) -> None:
-        """Drop the stale entries once they outnumber the live ones."""
-        heap, ticks = self._heap, self._tick
-        if len(heap) > 2 * len(ticks) + 64:
-            self._heap = [e for e in heap if ticks.get(e[2]) == e[1]]
-            heapq.heapify(self._heap)
+    def _unstamp(self, slot: int) -> int | None:
+        """Take ``slot`` out of its bucket: its count, or None if it is not resident."""
+        p = self._where.pop(slot, None)
+        if p is None:
+            return None
+        bucket = self._buckets[p]
+        count = bucket.pop(slot)
+        if not bucket:
+            del self._buckets[p]
+        return count
 
     def insert(self, slot: int, key: bytes) -> None:
+        self._unstamp(slot)
         self._key[slot] = key
-        self._count[slot] = count = self._sketch.increment(key)
-        self._stamp(slot, count)
+        self._stamp(slot, self._sketch.increment(key))
 
     def insert_many(self, slots: list[int], keys: list[bytes]) -> None:
         if len(slots) != len(keys):
             raise ValueError(f"{len(keys)} keys for {len(slots)} slots")
         seen = self._sketch.increment_many(keys)
-        t, age, push, heap = self._ticks, self._age, heapq.heappush, self._heap
-        stamps = range(t + 1, t + 1 + len(slots))
+        buckets, where, age = self._buckets, self._where, self._age
         self._key.update(zip(slots, keys, strict=True))
-        self._count.update(zip(slots, seen, strict=True))
-        self._tick.update(zip(slots, stamps, strict=True))
-        for entry in zip([age + c for c in seen], stamps, slots, strict=True):
-            push(heap, entry)
-        self._ticks = t + len(slots)
-        self._compact()
+        if seen and seen.count(seen[0]) == len(seen) and where.keys().isdisjoint(slots):
+            # the common case: new slots whose keys were seen equally often (a prefix's blocks
+            # are), stamped in order into one bucket at once
+            fresh = dict.fromkeys(slots, seen[0])
+            if len(fresh) == len(slots):
+                p = age + seen[0]
+                bucket = buckets.get(p)
+                if bucket is None:
+                    buckets[p] = fresh
+                    self._low = min(self._low, p)
+                else:
+                    bucket.update(fresh)
+                where.update(dict.fromkeys(slots, p))
+                return
+        for slot, count in zip(slots, seen, strict=True):  # _unstamp and _stamp, inlined
+            if slot in where:
+                self._unstamp(slot)
+            p = age + count
+            bucket = buckets.get(p)
+            if bucket is None:
+                buckets[p] = {slot: count}
+                self._low = min(self._low, p)
+            else:
+                bucket[slot] = count
+            where[slot] = p
 
     def touch(self, slot: int) -> None:
         key = self._key.get(slot)
         if key is not None:
-            self._count[slot] = count = self._sketch.increment(key)
-            self._stamp(slot, count)
+            self._unstamp(slot)
+            self._stamp(slot, self._sketch.increment(key))
 
     def refresh(self, slot: int) -> None:
-        count = self._count.get(slot)
+        count = self._unstamp(slot)
         if count is not None:
             self._stamp(slot, count)
 
     def refresh_many(self, slots: list[int]) -> None:
-        counts, ticks, heap, age = self._count, self._tick, self._heap, self._age
-        t = self._ticks
-        for slot in slots:  # _stamp, inlined
-            count = counts.get(slot)
-            if count is not None:
-                t += 1
-                ticks[slot] = t
-                heapq.heappush(heap, (age + count, t, slot))
-        self._ticks = t
-        self._compact()
+        buckets, where, age = self._buckets, self._where, self._age
+        if self._refresh_run(slots):
+            return
+        for slot in slots:  # _unstamp and _stamp, inlined
+            p = where.get(slot)
+            if p is None:
+                continue
+            bucket = buckets[p]
+            count = bucket.pop(slot)
+            q = age + count
+            if q == p:  # the same priority: the newest of its bucket
+                bucket[slot] = count
+                continue
+            if not bucket:
+                del buckets[p]
+            into = buckets.get(q)
+            if into is None:
+                buckets[q] = {slot: count}
+                self._low = min(self._low, q)
+            else:
+                into[slot] = count
+            where[slot] = q
+
+    def _refresh_run(self, slots: list[int]) -> bool:
+        """:meth:`refresh_many` of distinct slots of one bucket with one count (a batch that
+        :meth:`insert_many` stamped together), moved at once; False if they are not that."""
+        if not slots:
+            return True
+        where = self._where
+        p = where.get(slots[0])
+        if p is None:
+            return False
+        bucket = self._buckets[p]
+        count = bucket.get(slots[0])
+        try:
+            if gather(where, slots).count(p) != len(slots) or gather(bucket, slots).count(
+                count
+            ) != len(slots):
+                return False
+        except KeyError:  # one of them is not resident
+            return False
+        moved = dict.fromkeys(slots, count)
+        if count is None or len(moved) != len(slots):
+            return False
+        _consume(map(bucket.pop, slots))
+        q = self._age + count
+        if q == p:
+            bucket.update(moved)
+            return True
+        if not bucket:
+            del self._buckets[p]
+        into = self._buckets.get(q)
+        if into is None:
+            self._buckets[q] = moved
+            self._low = min(self._low, q)
+        else:
+            into.update(moved)
+        where.update(dict.fromkeys(slots, q))
+        return True
 
     def remove(self, slot: int) -> None:
+        self._unstamp(slot)
         self._key.pop(slot, None)
-        self._count.pop(slot, None)
-        self._tick.pop(slot, None)
 
-    def _take(self, n: int, evictable: Evictable) -> tuple[list[tuple[int, int, int]], int]:
-        """Pop live entries in order until ``n`` are evictable: the victims' entries first,
-        then how many of them there are. Stale entries popped on the way are dropped."""
-        heap, ticks = self._heap, self._tick
-        taken: list[tuple[int, int, int]] = []
-        skipped: list[tuple[int, int, int]] = []
-        while heap and len(taken) < n:
-            run: list[tuple[int, int, int]] = []  # the next live entries, as many as missing
-            while heap and len(run) < n - len(taken):
-                entry = heapq.heappop(heap)
-                if ticks.get(entry[2]) == entry[1]:
-                    run.append(entry)
-            if _all_evictable(evictable, [e[2] for e in run]):  # the common case: one check
-                taken += run
+    def _ascending(self) -> Iterator[int]:
+        """The priorities in use, lowest first."""
+        buckets, p, left, gap = self._buckets, self._low, len(self._buckets), 0
+        while left:
+            if p in buckets:
+                left -= 1
+                gap = 0
+                yield p
+            elif gap == _SCAN:  # a wide gap: look the next priority up
+                p = min(q for q in buckets if q > p)
+                gap = 0
                 continue
-            for entry in run:
-                (taken if evictable(entry[2]) else skipped).append(entry)
-        return taken + skipped, len(taken)
+            else:
+                gap += 1
+            p += 1
+
+    def _choose(self, n: int, evictable: Evictable) -> list[tuple[int, list[int]]]:
+        """The next ``n`` evictable slots (fewer when not enough are), bucket by bucket:
+        ``(priority, its slots chosen)`` in eviction order. Moves ``_low`` up to the lowest
+        priority in use."""
+        chosen: list[tuple[int, list[int]]] = []
+        buckets, first = self._buckets, True
+        for p in self._ascending():
+            if first:
+                self._low, first = p, False
+            got = _evictable_run(iter(buckets[p]), n, evictable)
+            if got:
+                chosen.append((p, got))
+                n -= len(got)
+                if not n:
+                    break
+        return chosen
 
     def candidates(self, n: int, evictable: Evictable) -> list[int]:
-        popped, found = self._take(n, evictable)
-        for entry in popped:
-            heapq.heappush(self._heap, entry)
-        return [e[2] for e in popped[:found]]
+        return [s for _, got in self._choose(n, evictable) for s in got]
 
     def evict(self, n: int, evictable: Evictable) -> list[int] | None:
-        popped, found = self._take(n, evictable)
-        if found < n:
-            for entry in popped:
-                heapq.heappush(self._heap, entry)
+        chosen = self._choose(n, evictable)
+        if sum(len(got) for _, got in chosen) < n:
             return None
-        for entry in popped[n:]:
-            heapq.heappush(self._heap, entry)
-        victims = [e[2] for e in popped[:n]]
-        if victims:
-            self._age = max(self._age, popped[n - 1][0])
+        buckets, where, keys = self._buckets, self._where, self._key
+        victims: list[int] = []
+        for p, got in chosen:
+            bucket = buckets[p]
+            if len(got) == len(bucket):
+                del buckets[p]
+            else:
+                for v in got:
+                    del bucket[v]
+            victims += got
         for v in victims:
-            del self._key[v], self._count[v], self._tick[v]
+            del where[v], keys[v]
+        if chosen:
+            self._age = max(self._age, chosen[-1][0])
         return victims
 
     def order(self) -> list[int]:
-        return [s for _, _, s in sorted(e for e in self._heap if self._tick.get(e[2]) == e[1])]
+        return [s for p in sorted(self._buckets) for s in self._buckets[p]]

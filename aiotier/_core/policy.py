@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from array import array
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
-from itertools import islice, pairwise
+from itertools import islice, pairwise, repeat
 
 from .gather import gather
 
@@ -27,6 +27,11 @@ def _all_evictable(evictable: Evictable, slots: Sequence[int]) -> bool:
     if check is not None:
         return check(slots)
     return all(evictable(s) for s in slots)
+
+
+def _consume(calls: Iterator[object]) -> None:
+    """Run an iterator of calls to the end at C speed (their results dropped)."""
+    deque(calls, maxlen=0)
 
 
 def _evictable_run(slots: Iterator[int], n: int, evictable: Evictable) -> list[int]:
@@ -270,31 +275,34 @@ class ARCPolicy(EvictionPolicy):
         self._trim_ghosts()
 
     def insert_many(self, slots: list[int], keys: list[bytes]) -> None:
-        t1, t2, b1, b2, c = self._t1, self._t2, self._b1, self._b2, self._c
-        for slot, key in zip(slots, keys, strict=True):  # insert and _trim_ghosts, inlined
-            if t1.pop(slot, None) is None:
-                t2.pop(slot, None)
-            if key in b1:
-                self.p = min(float(c), self.p + max(len(b2) / len(b1), 1.0))
-                del b1[key]
-                t2[slot] = key
-            elif key in b2:
-                self.p = max(0.0, self.p - max(len(b1) / len(b2), 1.0))
-                del b2[key]
-                t2[slot] = key
-            else:
-                t1[slot] = key
-            while b1 and len(t1) + len(b1) > c:
-                b1.popitem(last=False)
-            while b2 and len(t1) + len(t2) + len(b1) + len(b2) > 2 * c:
-                b2.popitem(last=False)
+        t1, t2, b1, b2 = self._t1, self._t2, self._b1, self._b2
+        if len(slots) != len(keys):
+            raise ValueError(f"{len(keys)} keys for {len(slots)} slots")
+        if (
+            t1.keys().isdisjoint(slots)
+            and t2.keys().isdisjoint(slots)
+            and not any(map(b1.__contains__, keys))
+            and not any(map(b2.__contains__, keys))
+            and len(set(slots)) == len(slots)
+        ):  # the common case: new slots, no ghost key. Each insert appends to T1 and trims the
+            # ghosts from their oldest end down to bounds that only tighten as T1 grows, so
+            # appending them all then trimming once leaves the same lists
+            t1.update(zip(slots, keys, strict=True))
+            self._trim_ghosts()
+            return
+        for slot, key in zip(slots, keys, strict=True):
+            self.insert(slot, key)
 
     def _trim_ghosts(self) -> None:
-        c = self._c
-        while self._b1 and len(self._t1) + len(self._b1) > c:
-            self._b1.popitem(last=False)
-        while self._b2 and len(self._t1) + len(self._t2) + len(self._b1) + len(self._b2) > 2 * c:
-            self._b2.popitem(last=False)
+        """Drop the oldest ghosts until ``|T1| + |B1| <= c`` and all four lists hold at most
+        ``2c`` (B1 first: its trim is part of the total)."""
+        t1, b1, b2, c = self._t1, self._b1, self._b2, self._c
+        over = min(len(b1), len(t1) + len(b1) - c)
+        if over > 0:
+            _consume(map(b1.popitem, repeat(False, over)))  # popitem(last=False): the oldest
+        over = min(len(b2), len(t1) + len(self._t2) + len(b1) + len(b2) - 2 * c)
+        if over > 0:
+            _consume(map(b2.popitem, repeat(False, over)))
 
     def touch(self, slot: int) -> None:
         key = self._t1.pop(slot, None)
@@ -311,6 +319,9 @@ class ARCPolicy(EvictionPolicy):
 
     def refresh_many(self, slots: list[int]) -> None:
         t1, t2 = self._t1, self._t2
+        if all(map(t1.__contains__, slots)):  # the common case: stores completing, all in T1
+            _consume(map(t1.move_to_end, slots))
+            return
         for slot in slots:
             if slot in t1:
                 t1.move_to_end(slot)
@@ -321,29 +332,34 @@ class ARCPolicy(EvictionPolicy):
         if self._t1.pop(slot, None) is None:
             self._t2.pop(slot, None)
 
-    def candidates(self, n: int, evictable: Evictable) -> list[int]:
-        # REPLACE, n times: take from T1 while it is above its target size p, else from T2;
-        # fall back to the other list when the preferred one has nothing evictable. As p stays
-        # put meanwhile: T1's first len(T1) - floor(p), then T2's, then the rest of T1's.
+    def _runs(self, n: int, evictable: Evictable) -> tuple[list[int], list[int], list[int]]:
+        """REPLACE, n times: take from T1 while it is above its target size p, else from T2;
+        fall back to the other list when the preferred one has nothing evictable. As p stays
+        put meanwhile: T1's first len(T1) - floor(p), then T2's, then the rest of T1's."""
         it1, it2 = iter(self._t1), iter(self._t2)
         above = max(0, len(self._t1) - math.floor(self.p))
-        victims = _evictable_run(it1, min(n, above), evictable)
-        victims += _evictable_run(it2, n - len(victims), evictable)
-        victims += _evictable_run(it1, n - len(victims), evictable)
-        return victims
+        first = _evictable_run(it1, min(n, above), evictable)
+        second = _evictable_run(it2, n - len(first), evictable)
+        third = _evictable_run(it1, n - len(first) - len(second), evictable)
+        return first, second, third
+
+    def candidates(self, n: int, evictable: Evictable) -> list[int]:
+        first, second, third = self._runs(n, evictable)
+        return first + second + third
 
     def evict(self, n: int, evictable: Evictable) -> list[int] | None:
-        victims = self.candidates(n, evictable)
-        if len(victims) < n:
+        first, second, third = self._runs(n, evictable)
+        if len(first) + len(second) + len(third) < n:
             return None
-        for v in victims:
-            key = self._t1.pop(v, None)
-            if key is not None:
-                self._b1[key] = None
-            else:
-                self._b2[self._t2.pop(v)] = None
+        t1, t2, b1, b2 = self._t1, self._t2, self._b1, self._b2
+        for v in first:  # each victim's key becomes the newest ghost of its list
+            b1[t1.pop(v)] = None
+        for v in second:
+            b2[t2.pop(v)] = None
+        for v in third:
+            b1[t1.pop(v)] = None
         self._trim_ghosts()
-        return victims
+        return first + second + third
 
     def order(self) -> list[int]:
         return [*self._t1, *self._t2]
