@@ -28,15 +28,19 @@ __all__ = [
     "parse_admission",
 ]
 
-_DEPTH = 4
 _HALF = bytes(i >> 1 for i in range(256))  # a translation table that halves every counter
 
 
 class FrequencySketch:
-    """Approximate sighting counts of keys in ``4 x width`` bytes (``width``: a power of two at
-    least ``capacity``); each count saturates at 255."""
+    """Approximate sighting counts of keys in four rows of ``width`` bytes (``width``: a power
+    of two at least ``capacity``); each count saturates at 255.
 
-    __slots__ = ("_counts", "_mask", "_sample", "_seen", "width")
+    A key's cell in row ``i`` is ``(h + i * step) & mask`` (double hashing from its hash ``h``),
+    computed from the masked parts of ``h`` so that no step makes a large int: the hot loops
+    below are where LFUDA and the admission policies spend most of their time.
+    """
+
+    __slots__ = ("_mask", "_rows", "_sample", "_seen", "width")
 
     def __init__(self, capacity: int, *, window: int = 10) -> None:
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
@@ -46,42 +50,48 @@ class FrequencySketch:
         width = 1 << max(capacity - 1, 1).bit_length()
         self.width = width
         self._mask = width - 1
-        self._counts = bytearray(_DEPTH * width)
+        self._rows: tuple[bytearray, bytearray, bytearray, bytearray] = (
+            bytearray(width),
+            bytearray(width),
+            bytearray(width),
+            bytearray(width),
+        )
         self._sample = window * width
         self._seen = 0
 
     @property
     def nbytes(self) -> int:
         """Its memory, fixed at creation."""
-        return len(self._counts)
+        return 4 * self.width
 
     def _cells(self, key: bytes) -> tuple[int, int, int, int]:
-        # double hashing: four rows, four independent-enough cells, ``(h + i * step) & mask``
-        # taken on the masked parts (the same cells) so that no arithmetic makes a large int
-        h, m, w = hash(key), self._mask, self.width
+        h, m = hash(key), self._mask
         a, step = h & m, (h >> 32 & m) | 1
-        return a, w + ((a + step) & m), 2 * w + ((a + 2 * step) & m), 3 * w + ((a + 3 * step) & m)
+        b = (a + step) & m
+        c = (b + step) & m
+        return a, b, c, (c + step) & m
 
     def _cells_many(self, keys: Iterable[bytes]) -> list[tuple[int, int, int, int]]:
         """:meth:`_cells` of each key, in one call."""
-        m, w = self._mask, self.width
-        w2, w3 = 2 * w, 3 * w
+        m = self._mask
         out: list[tuple[int, int, int, int]] = []
         append = out.append
         for h in map(hash, keys):
             a, step = h & m, (h >> 32 & m) | 1
-            append((a, w + ((a + step) & m), w2 + ((a + 2 * step) & m), w3 + ((a + 3 * step) & m)))
+            b = (a + step) & m
+            c = (b + step) & m
+            append((a, b, c, (c + step) & m))
         return out
 
     def add(self, keys: Iterable[bytes]) -> None:
         """One sighting of each key."""
-        counts = self._counts
+        r0, r1, r2, r3 = self._rows
         cells = self._cells_many(keys)
         for a, b, c, d in cells:  # a saturated count stays at 255
-            counts[a] += counts[a] < 255
-            counts[b] += counts[b] < 255
-            counts[c] += counts[c] < 255
-            counts[d] += counts[d] < 255
+            r0[a] += r0[a] < 255
+            r1[b] += r1[b] < 255
+            r2[c] += r2[c] < 255
+            r3[d] += r3[d] < 255
         self._seen += len(cells)
         if self._seen >= self._sample:
             self._halve()
@@ -89,58 +99,63 @@ class FrequencySketch:
     def increment(self, key: bytes) -> int:
         """One sighting of ``key``, and its estimate after it (``add`` then ``estimate`` of one
         key, in one pass)."""
-        counts = self._counts
-        a, b, c, d = self._cells(key)
-        ca, cb, cc, cd = counts[a], counts[b], counts[c], counts[d]
-        if ca < 255:
-            counts[a] = ca = ca + 1
-        if cb < 255:
-            counts[b] = cb = cb + 1
-        if cc < 255:
-            counts[c] = cc = cc + 1
-        if cd < 255:
-            counts[d] = cd = cd + 1
-        self._seen += 1
+        (count,) = self._increment_run((key,))
         if self._seen >= self._sample:
             self._halve()
-            return min(ca, cb, cc, cd) >> 1
-        return min(ca, cb, cc, cd)
+            return count >> 1
+        return count
 
     def increment_many(self, keys: Sequence[bytes]) -> list[int]:
         """:meth:`increment` of each key, in order: their estimates after each one's sighting."""
         if self._seen + len(keys) >= self._sample:
             return [self.increment(k) for k in keys]  # a halving on the way
+        return self._increment_run(keys)
+
+    def _increment_run(self, keys: Sequence[bytes]) -> list[int]:
+        """:meth:`increment_many` with no halving due."""
         out: list[int] = []
         append = out.append
-        counts, m, w = self._counts, self._mask, self.width
-        w2, w3 = 2 * w, 3 * w
-        for h in map(hash, keys):  # _cells_many, inlined; a saturated count stays at 255
+        m = self._mask
+        r0, r1, r2, r3 = self._rows
+        for h in map(hash, keys):  # _cells, inlined; a saturated count stays at 255
             a, step = h & m, (h >> 32 & m) | 1
-            b, c, d = w + ((a + step) & m), w2 + ((a + 2 * step) & m), w3 + ((a + 3 * step) & m)
-            ca, cb, cc, cd = counts[a], counts[b], counts[c], counts[d]
-            counts[a] = ca = ca + (ca < 255)
-            counts[b] = cb = cb + (cb < 255)
-            counts[c] = cc = cc + (cc < 255)
-            counts[d] = cd = cd + (cd < 255)
-            append(min(ca, cb, cc, cd))
+            b = (a + step) & m
+            c = (b + step) & m
+            d = (c + step) & m
+            ca, cb, cc, cd = r0[a], r1[b], r2[c], r3[d]
+            if ca < 255:
+                r0[a] = ca = ca + 1
+            if cb < 255:
+                r1[b] = cb = cb + 1
+            if cc < 255:
+                r2[c] = cc = cc + 1
+            if cd < 255:
+                r3[d] = cd = cd + 1
+            if cb < ca:  # min(ca, cb, cc, cd), without a call
+                ca = cb
+            if cd < cc:
+                cc = cd
+            append(ca if ca < cc else cc)
         self._seen += len(keys)
         return out
 
     def _halve(self) -> None:
-        self._counts = self._counts.translate(_HALF)
+        r0, r1, r2, r3 = self._rows
+        self._rows = (r0.translate(_HALF), r1.translate(_HALF), r2.translate(_HALF),
+                      r3.translate(_HALF))  # fmt: skip
         self._seen //= 2
 
     def estimate(self, key: bytes) -> int:
         """How often ``key`` was seen (recently); never less than the truth."""
-        counts = self._counts
+        r0, r1, r2, r3 = self._rows
         a, b, c, d = self._cells(key)
-        return min(counts[a], counts[b], counts[c], counts[d])
+        return min(r0[a], r1[b], r2[c], r3[d])
 
     def estimate_many(self, keys: Iterable[bytes]) -> list[int]:
         """:meth:`estimate` of each key."""
-        counts = self._counts
+        r0, r1, r2, r3 = self._rows
         cells = self._cells_many(keys)
-        return [min(counts[a], counts[b], counts[c], counts[d]) for a, b, c, d in cells]
+        return [min(r0[a], r1[b], r2[c], r3[d]) for a, b, c, d in cells]
 
 
 class AdmissionPolicy(ABC):

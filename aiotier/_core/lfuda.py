@@ -133,9 +133,9 @@ class LFUDAPolicy(EvictionPolicy):
             self._stamp(slot, count)
 
     def refresh_many(self, slots: list[int]) -> None:
-        buckets, where, age = self._buckets, self._where, self._age
         if self._refresh_run(slots):
             return
+        buckets, where, age = self._buckets, self._where, self._age
         for slot in slots:  # _unstamp and _stamp, inlined
             p = where.get(slot)
             if p is None:
@@ -166,17 +166,16 @@ class LFUDAPolicy(EvictionPolicy):
         if p is None:
             return False
         bucket = self._buckets[p]
-        count = bucket.get(slots[0])
+        count = bucket[slots[0]]
         try:
-            if gather(where, slots).count(p) != len(slots) or gather(bucket, slots).count(
-                count
-            ) != len(slots):
+            same = gather(where, slots).count(p) == len(slots)
+            if not same or gather(bucket, slots).count(count) != len(slots):
                 return False
         except KeyError:  # one of them is not resident
             return False
         moved = dict.fromkeys(slots, count)
-        if count is None or len(moved) != len(slots):
-            return False
+        if len(moved) != len(slots):
+            return False  # a slot named twice
         _consume(map(bucket.pop, slots))
         q = self._age + count
         if q == p:
