@@ -4,14 +4,16 @@ counts and aging, and invariants every policy keeps under random use."""
 from __future__ import annotations
 
 import copy
+import heapq
 from collections.abc import Callable
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from aiotier._core.admission import FrequencySketch
 from aiotier._core.eviction import make_policy
-from aiotier._core.lfuda import LFUDAPolicy
+from aiotier._core.lfuda import HISTORY, WINDOW, LFUDAPolicy
 from aiotier._core.policy import ARCPolicy, EvictionPolicy, LRUPolicy
 from aiotier.errors import ConfigError
 
@@ -235,3 +237,112 @@ def test_policies_hold_exactly_their_resident_slots_and_never_evict_a_pinned_one
                 assert not set(victims) & pinned and set(victims) <= resident
                 resident -= set(victims)
         assert sorted(policy.order()) == sorted(resident)
+
+
+def test_lfuda_finds_the_lowest_priority_across_a_wide_gap() -> None:
+    """A pinned block keeps its low priority while the age climbs far past it; once unpinned
+    it is the next victim."""
+    lfu = LFUDAPolicy(64)
+    lfu.insert(0, b"old")  # priority 1
+    lfu.insert(1, b"hot")
+    for _ in range(40):
+        lfu.touch(1)  # priority 41
+    assert lfu.evict(1, lambda s: s != 0) == [1]
+    assert lfu.age == 41
+    lfu.insert(1, b"new")  # priority 42
+    assert lfu.order() == [0, 1]
+    assert lfu.evict(1, lambda s: True) == [0]
+
+
+class HeapLFUDA:
+    """LFUDA as a heap of ``(priority, tick, slot)`` with lazy deletion: the reference the
+    bucketed policy must match victim for victim (ties to the least recently stamped)."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.sketch = FrequencySketch(HISTORY * num_blocks, window=WINDOW)
+        self.age = self.ticks = 0
+        self.heap: list[tuple[int, int, int]] = []
+        self.key: dict[int, bytes] = {}
+        self.count: dict[int, int] = {}
+        self.tick: dict[int, int] = {}
+
+    def stamp(self, slot: int, count: int) -> None:
+        self.ticks += 1
+        self.tick[slot], self.count[slot] = self.ticks, count
+        heapq.heappush(self.heap, (self.age + count, self.ticks, slot))
+
+    def insert(self, slot: int, key: bytes) -> None:
+        self.key[slot] = key
+        self.stamp(slot, self.sketch.increment(key))
+
+    def touch(self, slot: int) -> None:
+        if slot in self.key:
+            self.stamp(slot, self.sketch.increment(self.key[slot]))
+
+    def refresh(self, slot: int) -> None:
+        if slot in self.key:
+            self.stamp(slot, self.count[slot])
+
+    def remove(self, slot: int) -> None:
+        for d in (self.key, self.count, self.tick):
+            d.pop(slot, None)
+
+    def live(self) -> list[tuple[int, int, int]]:
+        return sorted(e for e in self.heap if self.tick.get(e[2]) == e[1])
+
+    def candidates(self, n: int, evictable: Callable[[int], bool]) -> list[int]:
+        return [s for _, _, s in self.live() if evictable(s)][:n]
+
+    def evict(self, n: int, evictable: Callable[[int], bool]) -> list[int] | None:
+        chosen = [e for e in self.live() if evictable(e[2])][:n]
+        if len(chosen) < n:
+            return None
+        if chosen:
+            self.age = max(self.age, chosen[-1][0])
+        for _, _, s in chosen:
+            self.remove(s)
+        return [s for _, _, s in chosen]
+
+    def order(self) -> list[int]:
+        return [s for _, _, s in self.live()]
+
+
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["insert", "insert_many", "touch", "refresh", "refresh_many",
+                                   "remove", "evict", "peek"]),
+                  st.lists(st.integers(0, 11), max_size=5), st.integers(0, 5),
+                  st.frozensets(st.integers(0, 11), max_size=4)),
+        max_size=150,
+    )
+)  # fmt: skip
+def test_lfuda_evicts_exactly_as_a_heap_of_priority_and_recency(
+    ops: list[tuple[str, list[int], int, frozenset[int]]],
+) -> None:
+    """Victims, candidates, order and age match the heap-based reference under random use:
+    slots inserted again while resident, batches of one count or several, refreshes after the
+    age moved, pinned slots skipped, with few keys (counts grow) over 12 slots."""
+    lfu, ref = LFUDAPolicy(12), HeapLFUDA(12)
+    for op, slots, n, pinned in ops:
+        evictable = unpinned(pinned)
+        keys = [b"k%d" % (s % 5) for s in slots]
+        if op == "insert" and slots:
+            lfu.insert(slots[0], keys[0])
+            ref.insert(slots[0], keys[0])
+        elif op == "insert_many":
+            lfu.insert_many(slots, keys)
+            for s, k in zip(slots, keys, strict=True):
+                ref.insert(s, k)
+        elif op in ("touch", "refresh", "remove") and slots:
+            getattr(lfu, op)(slots[0])
+            getattr(ref, op)(slots[0])
+        elif op == "refresh_many":
+            lfu.refresh_many(slots)
+            for s in slots:
+                ref.refresh(s)
+        elif op == "peek":
+            assert lfu.candidates(n, evictable) == ref.candidates(n, evictable)
+        elif op == "evict":
+            assert lfu.evict(n, evictable) == ref.evict(n, evictable)
+        assert lfu.order() == ref.order()
+        assert lfu.age == ref.age
