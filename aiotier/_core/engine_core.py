@@ -269,22 +269,16 @@ class EngineCore:
     ) -> PrepareStoreOutput | None:
         """Allocate primary blocks for the keys not yet present; None (nothing changed) if full."""
         rs = self.request(req_id)
-        index = self.table.index
-        new: list[bytes] = []
-        seen: set[bytes] = set()
-        protected: list[int] = []
-        for k in ks:
-            if k in seen:
-                continue
-            seen.add(k)
-            slot = index.get(k)
-            if slot is None:
-                new.append(k)
-            else:
-                protected.append(slot)
+        distinct = list(dict.fromkeys(ks))
+        present = list(map(self.table.index.get, distinct))
+        if present.count(None) == len(distinct):  # the common case: every key is new
+            new, protected = distinct, []
+        else:
+            new = [k for k, slot in zip(distinct, present, strict=True) if slot is None]
+            protected = [slot for slot in present if slot is not None]
         self.stats.observe("allocation_size", len(new))
         if self.sightings:
-            self.saw(list(seen))
+            self.saw(distinct)
         if new:
             new = self._admit(new, protected)
         got = self.copies.allocate(new, PENDING, protected) if new else ([], ())
