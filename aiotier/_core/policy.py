@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
-from itertools import islice, pairwise, repeat
+from itertools import islice, pairwise
 
 from .gather import gather
 
@@ -299,10 +299,12 @@ class ARCPolicy(EvictionPolicy):
         t1, b1, b2, c = self._t1, self._b1, self._b2, self._c
         over = min(len(b1), len(t1) + len(b1) - c)
         if over > 0:
-            _consume(map(b1.popitem, repeat(False, over)))  # popitem(last=False): the oldest
+            for key in list(islice(b1, over)):
+                del b1[key]
         over = min(len(b2), len(t1) + len(self._t2) + len(b1) + len(b2) - 2 * c)
         if over > 0:
-            _consume(map(b2.popitem, repeat(False, over)))
+            for key in list(islice(b2, over)):
+                del b2[key]
 
     def touch(self, slot: int) -> None:
         key = self._t1.pop(slot, None)
@@ -319,9 +321,11 @@ class ARCPolicy(EvictionPolicy):
 
     def refresh_many(self, slots: list[int]) -> None:
         t1, t2 = self._t1, self._t2
-        if all(map(t1.__contains__, slots)):  # the common case: stores completing, all in T1
+        try:  # the common case: stores completing, all in T1
             _consume(map(t1.move_to_end, slots))
             return
+        except KeyError:  # the first slot not in T1 stopped it; the ones before it moved
+            slots = slots[next(i for i, s in enumerate(slots) if s not in t1) :]
         for slot in slots:
             if slot in t1:
                 t1.move_to_end(slot)
