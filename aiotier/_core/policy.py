@@ -281,8 +281,8 @@ class ARCPolicy(EvictionPolicy):
         if (
             t1.keys().isdisjoint(slots)
             and t2.keys().isdisjoint(slots)
-            and not any(map(b1.__contains__, keys))
-            and not any(map(b2.__contains__, keys))
+            and b1.keys().isdisjoint(keys)
+            and b2.keys().isdisjoint(keys)
             and len(set(slots)) == len(slots)
         ):  # the common case: new slots, no ghost key. Each insert appends to T1 and trims the
             # ghosts from their oldest end down to bounds that only tighten as T1 grows, so
@@ -343,6 +343,8 @@ class ARCPolicy(EvictionPolicy):
         it1, it2 = iter(self._t1), iter(self._t2)
         above = max(0, len(self._t1) - math.floor(self.p))
         first = _evictable_run(it1, min(n, above), evictable)
+        if len(first) == n:
+            return first, [], []
         second = _evictable_run(it2, n - len(first), evictable)
         third = _evictable_run(it1, n - len(first) - len(second), evictable)
         return first, second, third
