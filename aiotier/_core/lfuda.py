@@ -93,14 +93,14 @@ class LFUDAPolicy(EvictionPolicy):
         if len(slots) != len(keys):
             raise ValueError(f"{len(keys)} keys for {len(slots)} slots")
         seen = self._sketch.increment_many(keys)
-        buckets, where = self._buckets, self._where
+        buckets, where, age = self._buckets, self._where, self._age
         self._key.update(zip(slots, keys, strict=True))
         if seen and seen.count(seen[0]) == len(seen) and where.keys().isdisjoint(slots):
             # the common case: new slots whose keys were seen equally often (a prefix's blocks
             # are), stamped in order into one bucket at once
             fresh = dict.fromkeys(slots, seen[0])
             if len(fresh) == len(slots):
-                p = self._age + seen[0]
+                p = age + seen[0]
                 bucket = buckets.get(p)
                 if bucket is None:
                     buckets[p] = fresh
@@ -109,9 +109,17 @@ class LFUDAPolicy(EvictionPolicy):
                     bucket.update(fresh)
                 where.update(dict.fromkeys(slots, p))
                 return
-        for slot, count in zip(slots, seen, strict=True):
-            self._unstamp(slot)
-            self._stamp(slot, count)
+        for slot, count in zip(slots, seen, strict=True):  # _unstamp and _stamp, inlined
+            if slot in where:
+                self._unstamp(slot)
+            p = age + count
+            bucket = buckets.get(p)
+            if bucket is None:
+                buckets[p] = {slot: count}
+                self._low = min(self._low, p)
+            else:
+                bucket[slot] = count
+            where[slot] = p
 
     def touch(self, slot: int) -> None:
         key = self._key.get(slot)
@@ -125,9 +133,28 @@ class LFUDAPolicy(EvictionPolicy):
             self._stamp(slot, count)
 
     def refresh_many(self, slots: list[int]) -> None:
-        if not self._refresh_run(slots):
-            for slot in slots:
-                self.refresh(slot)
+        if self._refresh_run(slots):
+            return
+        buckets, where, age = self._buckets, self._where, self._age
+        for slot in slots:  # _unstamp and _stamp, inlined
+            p = where.get(slot)
+            if p is None:
+                continue
+            bucket = buckets[p]
+            count = bucket.pop(slot)
+            q = age + count
+            if q == p:  # the same priority: the newest of its bucket
+                bucket[slot] = count
+                continue
+            if not bucket:
+                del buckets[p]
+            into = buckets.get(q)
+            if into is None:
+                buckets[q] = {slot: count}
+                self._low = min(self._low, q)
+            else:
+                into[slot] = count
+            where[slot] = q
 
     def _refresh_run(self, slots: list[int]) -> bool:
         """:meth:`refresh_many` of distinct slots of one bucket with one count (a batch that
