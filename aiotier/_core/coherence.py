@@ -245,9 +245,6 @@ class Coherence:
         data = self.in_transit.get(k)
         return None if data is None else bytes(data)
 
-    def going_down(self, k: bytes, data: bytes | memoryview) -> None:
-        self.in_transit[k] = data
-
     def landed_many(self, writes: Iterable[tuple[bytes, bytes | memoryview]]) -> None:
         """Demotion writes of ``(key, data)`` finished: once no tier still writes a key, its
         bytes are below and no longer served from memory (unless newer bytes replaced them)."""

@@ -71,7 +71,7 @@ class TierReads:
         self._inline_lookups = tuple(map(_lookups_never_suspend, self._tiers))
         # per tier, whether its reads can end by callback (an SSDTier's own reads)
         self._by_callback = tuple(map(_reads_by_callback, self._tiers))
-        # per tier that never suspends, the loop callback that reads its queued batches
+        # per tier read with no task, the loop callback that reads its queued batches
         self._callbacks: dict[int, asyncio.Handle] = {}
 
     async def scan(
@@ -182,14 +182,10 @@ class TierReads:
                 queued.append(batch)
                 continue
             self._queued[ti] = [batch]
-            loop = asyncio.get_running_loop()
-            if self._inline[ti]:
-                self._callbacks[ti] = loop.call_soon(self._read_now, ti)
-                continue
-            if self._by_callback[ti]:
-                self._callbacks[ti] = loop.call_soon(self._read_by_callback, ti)
-                continue
-            self._start_task(ti)
+            if self._inline[ti] or self._by_callback[ti]:
+                self._callbacks[ti] = asyncio.get_running_loop().call_soon(self._read_queued, ti)
+            else:
+                self._start_task(ti)
 
     def _start_task(
         self, ti: int, batches: list[PromotionBatch] | None = None, *, allowed: bool = False
@@ -202,14 +198,21 @@ class TierReads:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    def _read_now(self, ti: int) -> None:
-        """Read the batches queued for tier ``ti``, whose reads never suspend (they copy from
-        this process's memory): the call returns before anything else runs."""
+    def _read_queued(self, ti: int) -> None:
+        """The loop callback reading the batches queued for tier ``ti`` with no task: at once
+        (reads that never suspend), or started to end by callback (an SSD tier)."""
         del self._callbacks[ti]
         batches = self._queued.pop(ti)
-        if not self._breakers.allow(ti):
+        if not self._breakers.allow(ti):  # the circuit is open: the read fails unattempted
             self._completed(batches, Outcome.ERROR)
-            return
+        elif self._inline[ti]:
+            self._read_now(ti, batches)
+        else:
+            self._read_by_callback(ti, batches)
+
+    def _read_now(self, ti: int, batches: list[PromotionBatch]) -> None:
+        """Read ``batches`` from tier ``ti``, whose reads never suspend (they copy from this
+        process's memory): the call returns before anything else runs."""
         outcome, lengths, ok = Outcome.ERROR, [], False
         try:
             lengths = _run_now(self._tiers[ti].read_many_into(*self._targets(batches)))
@@ -219,14 +222,9 @@ class TierReads:
         self._completed(batches, outcome, lengths)
         self._breakers.record(ti, ok)
 
-    def _read_by_callback(self, ti: int) -> None:
-        """Start the read of the batches queued for tier ``ti`` (an SSD tier), which ends by
+    def _read_by_callback(self, ti: int, batches: list[PromotionBatch]) -> None:
+        """Start the read of ``batches`` from tier ``ti`` (an SSD tier), which ends by
         :meth:`_read_ended`; a read the tier cannot do that way goes to a task."""
-        del self._callbacks[ti]
-        batches = self._queued.pop(ti)
-        if not self._breakers.allow(ti):
-            self._completed(batches, Outcome.ERROR)
-            return
         read = _Read(ti, batches)
         tier = self._tiers[ti]
         assert isinstance(tier, SSDReads)
@@ -449,11 +447,11 @@ def _reads_by_callback(tier: SecondaryTier) -> bool:
 def _never_suspends(tier: SecondaryTier) -> bool:
     """A :class:`~aiotier.MemoryTier` with its own lookups and reads (a subclass may await in
     its own)."""
-    cls = type(tier)
+    own: object = type(tier).read_many_into
     return (
         isinstance(tier, MemoryTier)
-        and cls.lookup_many is MemoryTier.lookup_many
-        and cls.read_many_into is MemoryTier.read_many_into
+        and own is MemoryTier.read_many_into
+        and _lookups_never_suspend(tier)
     )
 
 

@@ -84,7 +84,6 @@ def test_a_buffer_still_served_from_memory_is_not_reused() -> None:
     put = core.values.put
     assert put(b"a", b"aaaa") and put(b"b", b"bbbb") and put(b"c", b"cccc")
     (op,) = core.writes.next_batch(0)  # a's write to the tier...
-    core.coherence.going_down(b"a", op.data or b"")
     core.coherence.write_queued(0, b"a")  # ...while another write of a is still queued
     core.writes.writes_applied(0, [op], [None])
     core.writes.finished(0, [op])

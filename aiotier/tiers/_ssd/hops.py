@@ -289,11 +289,7 @@ class HopRunner:
             await fut
         except asyncio.CancelledError:
             if withdrawable:
-                for op in ops:
-                    if not op.started and not op.withdrawn:
-                        op.withdrawn = True
-                        group.remaining -= 1
-                self._maybe_idle()
+                self.withdraw(ops, asyncio.CancelledError("withdrawn: the caller was cancelled"))
             await self._wait_settled(group)
             raise
         return group.results
