@@ -4,6 +4,7 @@ as the parallel lists the read ops take slices of."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import compress
 from typing import Any
 
 from .index import SSDIndex
@@ -36,40 +37,34 @@ class ReadBatch:
     ) -> None:
         self.keys = keys
         self.out: list[int | Exception] = [-1] * len(keys)
-        self.missing: list[int] = []
-        order: list[tuple[int, int]] = []
-        for i, slot in enumerate(index.pin_many(keys)):
-            if slot >= 0:
-                order.append((slot, i))
-            else:
-                self.missing.append(i)
-        order.sort()
-        lengths, seqs = index.length, index.seq
-        self.pos: list[int] = []
-        self.fds: list[int] = []
-        self.offsets: list[int] = []
-        self.seqs: list[int] = []
-        self.views: list[memoryview] = []
-        self.slots: list[int] = []
-        self.nbytes = 0
-        for slot, i in order:
-            length = lengths[slot]
-            view = views[i]
-            if view.nbytes < length:
-                index.read_ended(slot)
-                self.out[i] = ValueError(
-                    f"ssd tier {tier_name!r}: block {keys[i][:64]!r} is {length} bytes, buffer "
-                    f"holds {view.nbytes}"
-                )
-                continue
-            f, j = divmod(slot, slots_per_file)
-            self.pos.append(i)
-            self.fds.append(files[f])
-            self.offsets.append(j * slot_size)
-            self.seqs.append(seqs[slot])
-            self.views.append(view[:length])
-            self.slots.append(slot)
-            self.nbytes += length
+        found = index.pin_many(keys)
+        pos = sorted(range(len(keys)), key=found.__getitem__)  # file order; absent (-1) first
+        absent = found.count(-1)
+        self.missing = sorted(pos[:absent])
+        del pos[:absent]
+        slots = [found[i] for i in pos]
+        length = index.length
+        lengths = [length[s] for s in slots]
+        views = [views[i] for i in pos]
+        if lengths and max(lengths) > min(map(len, views)):  # a buffer too short: rare
+            fits = [len(v) >= n for v, n in zip(views, lengths, strict=True)]
+            for j, fit in enumerate(fits):
+                if not fit:
+                    index.read_ended(slots[j])
+                    self.out[pos[j]] = ValueError(
+                        f"ssd tier {tier_name!r}: block {keys[pos[j]][:64]!r} is {lengths[j]} "
+                        f"bytes, buffer holds {len(views[j])}"
+                    )
+            pos, slots = list(compress(pos, fits)), list(compress(slots, fits))
+            lengths, views = list(compress(lengths, fits)), list(compress(views, fits))
+        self.pos = pos
+        self.slots = slots
+        self.fds = [files[s // slots_per_file] for s in slots]
+        self.offsets = [s % slots_per_file * slot_size for s in slots]
+        seq = index.seq
+        self.seqs = [seq[s] for s in slots]
+        self.views = [v[:n] for v, n in zip(views, lengths, strict=True)]
+        self.nbytes = sum(lengths)
 
     def __len__(self) -> int:
         """Reads that go to the disk."""
