@@ -71,8 +71,9 @@ class SSDReads:
 
     def contains_hint(self, key: bytes) -> bool | None:
         """Exact: the index in memory is the truth about what is on disk."""
-        key = as_key(key)
-        if self._expiry and self._expiry.past((key,)):
+        if type(key) is not bytes:
+            key = as_key(key)
+        if self._expiry.deadlines.at and self._expiry.past((key,)):
             return False
         return key in self._index.lru or key in self._handover
 
