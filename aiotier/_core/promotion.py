@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Generator, Sequence
-from typing import Final
+from typing import Final, cast
 
 from .._types import LookupResult
 from .answers import Answers
@@ -25,6 +25,7 @@ from .arena import Arena
 from .coherence import Coherence
 from .copy_policy import CopyPolicy
 from .expiry import Expiry
+from .gather import gather
 from .inflight import InflightTable, PromotionBatch
 from .pins import PinLedger
 from .requests import RequestState
@@ -122,9 +123,9 @@ class Promotions:
         results, protected, need = scan.results, scan.protected, scan.need
         index, state = self._table.index, self._table.state
         in_transit = self._coherence.in_transit
-        if index.keys().isdisjoint(keys) and in_transit.keys().isdisjoint(keys):
-            scan.need = scan.open = list(range(len(keys)))  # none is here: ask the tiers
-            stats.primary_miss += len(keys)
+        if (
+            not in_transit or in_transit.keys().isdisjoint(keys)
+        ) and self._answered_at_once(scan, index, state):
             return scan
         others: list[int] = []  # keys the primary holds but cannot load, or has on their way down
         for i, k in enumerate(keys):
@@ -173,6 +174,44 @@ class Promotions:
         stats.primary_miss += len(keys) - hits - retries
         scan.open = need
         return scan
+
+    def _answered_at_once(
+        self, scan: LookupScan, index: dict[bytes, int], state: bytearray
+    ) -> bool:
+        """:meth:`begin` in C-level passes, when none of the keys is on its way down and each
+        one the primary holds is loadable (HIT; the others are asked of the tiers). False,
+        with nothing done, when some key needs a closer look."""
+        keys, stats = scan.keys, self._stats
+        n = len(keys)
+        slots = list(map(index.get, keys))
+        absent = slots.count(None)
+        if absent == n:  # none is here: ask the tiers
+            scan.need = scan.open = list(range(n))
+            stats.primary_miss += n
+            return True
+        held = n - absent
+        if absent == 0:
+            if gather(state, slots).count(READY) != n:
+                return False
+            scan.results = [_HIT] * n
+            scan.protected = cast(list[int], slots)
+        elif slots.index(None) == held:  # a leading run is here (a prefix held in part)
+            protected = cast(list[int], slots[:held])
+            if gather(state, protected).count(READY) != held:
+                return False
+            scan.results[:held] = [_HIT] * held
+            scan.protected = protected
+            scan.need = scan.open = list(range(held, n))
+        else:
+            protected = [s for s in slots if s is not None]
+            if gather(state, protected).count(READY) != held:
+                return False
+            scan.results = [_HIT if s is not None else _MISS for s in slots]
+            scan.protected = protected
+            scan.need = scan.open = [i for i, s in enumerate(slots) if s is None]
+        stats.primary_hit += held
+        stats.primary_miss += absent
+        return True
 
     def asks(self, scan: LookupScan, tiers: int) -> TierAsks:
         """The tiers asked in order, as the engine asks them: yields ``(tier, keys)`` for each
@@ -227,16 +266,19 @@ class Promotions:
             settled = {i for i, a in zip(asked, answers, strict=True) if a is not _MISS}
             scan.open = [i for i in scan.open if i not in settled]
 
-    def finish(self, scan: LookupScan, elapsed: float = 0.0) -> list[PromotionBatch]:
+    def finish(
+        self, scan: LookupScan, elapsed: float = 0.0, *, at_once: bool = False
+    ) -> list[PromotionBatch]:
         """End a lookup: :meth:`place` its promotions, then settle its answers.
 
         ``elapsed`` is how long the tiers took: the caller's sync delay if any was asked. HITs
         answered before the tiers were awaited turn into MISS if a concurrent call evicted them
-        meanwhile, and the caller's deferral is armed for its RETRY keys.
+        meanwhile (``at_once``: the lookup began in the same transition, so none can have
+        been), and the caller's deferral is armed for its RETRY keys.
         """
         batches = self.place(scan)
         results, keys = scan.results, scan.keys
-        if scan.need and _HIT in results:
+        if scan.need and not at_once and _HIT in results:
             ready = self._table.ready_slot
             for i, r in enumerate(results):
                 if r is _HIT and ready(keys[i]) is None:

@@ -89,10 +89,12 @@ class TierReads:
         promotions, lock = self._core.promotions, self._guard.lock
         with lock:
             scan = promotions.begin(ks, rs, exclude, prefix=prefix, hold=hold)
-            if scan.need and rs is not None:
+            at_once = not scan.need or not self._tiers  # no tier to ask: one transition
+            if at_once:
+                batches = promotions.finish(scan, at_once=True)
+            elif rs is not None:
                 rs.busy += 1  # end_step must not forget a request whose lookup is suspended
-        elapsed = 0.0
-        if scan.need:
+        if not at_once:
             started = _now()
             try:
                 await self.consult(scan)
@@ -101,8 +103,8 @@ class TierReads:
                     with lock:
                         rs.busy -= 1
             elapsed = _now() - started
-        with lock:
-            batches = promotions.finish(scan, elapsed)
+            with lock:
+                batches = promotions.finish(scan, elapsed)
         self.start(batches)
         return scan
 
