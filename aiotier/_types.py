@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TypeAlias
+from dataclasses import FrozenInstanceError, dataclass
+from typing import Protocol, TypeAlias
 
 __all__ = [
     "MAX_KEY_BYTES",
@@ -25,6 +25,12 @@ MAX_KEY_BYTES = 1024
 #: Bytes of a block as they move between the engine and the tiers.
 Buffer: TypeAlias = bytes | bytearray | memoryview
 _BYTES = {bytes}
+
+
+class _Views(Protocol):
+    """Views made on first use (:class:`aiotier._core.views.ViewBatch`)."""
+
+    def buffers(self) -> tuple[memoryview, ...]: ...
 
 
 class LookupResult(enum.Enum):
@@ -49,20 +55,56 @@ class RequestContext:
             raise TypeError(f"RequestContext.req_id must be str, got {type(self.req_id).__name__}")
 
 
-@dataclass(frozen=True, slots=True)
-class LoadSpec:
+class _BlockSpec:
+    """Slot ids and views of them; the views are made when ``buffers`` is first read (a
+    caller that addresses blocks by id never pays for them). Immutable, as a frozen
+    dataclass of the two fields would be."""
+
+    __slots__ = ("_views", "block_ids")
+
+    block_ids: tuple[int, ...]
+    _views: tuple[memoryview, ...] | _Views
+
+    def __init__(
+        self, block_ids: tuple[int, ...], buffers: tuple[memoryview, ...] | _Views
+    ) -> None:
+        object.__setattr__(self, "block_ids", block_ids)
+        object.__setattr__(self, "_views", buffers)
+
+    @property
+    def buffers(self) -> tuple[memoryview, ...]:
+        views = self._views
+        return views if isinstance(views, tuple) else views.buffers()
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, _BlockSpec)
+        return self.block_ids == other.block_ids and self.buffers == other.buffers
+
+    def __hash__(self) -> int:
+        return hash((self.block_ids, self.buffers))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(block_ids={self.block_ids!r}, buffers={self.buffers!r})"
+
+
+class LoadSpec(_BlockSpec):
     """Where loadable blocks live: slot ids and read-only views of exactly their stored bytes."""
 
-    block_ids: tuple[int, ...]
-    buffers: tuple[memoryview, ...]
+    __slots__ = ()
 
 
-@dataclass(frozen=True, slots=True)
-class StoreSpec:
+class StoreSpec(_BlockSpec):
     """Where to write blocks being stored: slot ids and writable views of ``block_size`` bytes."""
 
-    block_ids: tuple[int, ...]
-    buffers: tuple[memoryview, ...]
+    __slots__ = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,6 +74,10 @@ class Arena:
         off = slot * self.block_size
         return self._view[off : off + self.lengths[slot]].toreadonly()
 
+    def data_views(self, slots: list[int]) -> list[memoryview]:
+        """:meth:`data_view` of each slot."""
+        return list(map(self.data_view, slots))
+
     def starting_with(self, slots: Sequence[int], prefix: bytes) -> list[int]:
         """The positions in ``slots`` of those whose stored bytes start with ``prefix``."""
         bs, lengths, n = self.block_size, self.lengths, len(prefix)

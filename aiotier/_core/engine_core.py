@@ -14,6 +14,7 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Final, cast
 
 from .._types import (
@@ -242,10 +243,7 @@ class EngineCore:
             slots.append(slot)
         rs = self.request(req_id)
         self.pins.pin_loads(rs, ks, slots)
-        view = self.arena.data_view
-        views = tuple(view(s) for s in slots)
-        rs.load_views.hold(ks, views)
-        return LoadSpec(tuple(slots), views)
+        return LoadSpec(tuple(slots), rs.load_views.hold(ks, partial(self.arena.data_views, slots)))
 
     def complete_load(self, ks: Sequence[bytes], req_id: str | None = None) -> None:
         rs = self.known_request(req_id)
@@ -290,9 +288,8 @@ class EngineCore:
         self.inflight.store_deadline.update(
             dict.fromkeys(slots, self.clock() + self.promotion_timeout)
         )
-        spec = StoreSpec(tuple(slots), tuple(self.arena.slot_views(slots)))
-        rs.store_views.hold(new, spec.buffers)
-        return PrepareStoreOutput(tuple(new), spec, tuple(evicted_keys))
+        views = rs.store_views.hold(new, partial(self.arena.slot_views, slots))
+        return PrepareStoreOutput(tuple(new), StoreSpec(tuple(slots), views), tuple(evicted_keys))
 
     def _admit(self, new: list[bytes], protected: list[int]) -> list[bytes]:
         """The keys of a ``prepare_store`` the primary's admission policy lets in; each is

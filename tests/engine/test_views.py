@@ -125,3 +125,49 @@ async def test_views_handed_out_before_a_clear_go_at_release_cleared_and_later_o
         e.complete_load(["a"], R1)
         with pytest.raises(ValueError, match="released"):
             bytes(after)
+
+
+async def test_views_first_read_after_their_complete_come_out_released() -> None:
+    """A spec's views are made when first read: read only after the complete (a caller that
+    kept the spec), they are released as if made at the prepare, never the slot's bytes."""
+    async with TieringEngine(PrimaryTier(2, 64)) as e:
+        out = e.prepare_store(["s"], R1)
+        assert out is not None
+        e.complete_store(["s"], R1, sizes=[0])
+        assert await e.put("t", block(3))
+        load = e.prepare_load(["t"], R1)
+        e.complete_load(["t"], R1)
+        for view in (out.store_spec.buffers[0], load.buffers[0]):
+            with pytest.raises(ValueError, match="released"):
+                bytes(view)
+        assert load.buffers is load.buffers  # made once
+
+
+async def test_views_first_read_after_part_of_their_batch_completed() -> None:
+    async with TieringEngine(PrimaryTier(4, 64)) as e:
+        out = e.prepare_store(["a", "b"], R1)
+        assert out is not None
+        e.complete_store(["a"], R1, sizes=[0])
+        done, open_ = out.store_spec.buffers
+        with pytest.raises(ValueError, match="released"):
+            done[:1] = b"x"
+        open_[:2] = b"bb"
+        e.complete_store(["b"], R1, sizes=[2])
+        assert await e.get("b") == b"bb"
+        with pytest.raises(ValueError, match="released"):
+            bytes(open_)
+
+
+async def test_load_views_read_late_show_the_bytes_prepared() -> None:
+    """A load's views made after a put replaced the key show the block pinned at the prepare
+    (its slot stays the loader's until complete_load)."""
+    async with TieringEngine(PrimaryTier(4, 64)) as e:
+        assert await e.put("a", b"old")
+        spec = e.prepare_load(["a"], R1)
+        assert await e.put("a", b"newer")
+        assert [bytes(v) for v in spec.buffers] == [b"old"]
+        assert spec.buffers[0].readonly
+        e.complete_load(["a"], R1)
+        assert spec == spec and spec.block_ids == spec.block_ids
+        with pytest.raises(AttributeError):
+            spec.block_ids = (0,)  # type: ignore[misc]
