@@ -112,6 +112,12 @@ class Arena:
         for slot, n in zip(slots, lengths, strict=True):
             out[slot] = n
 
+    def fill_lengths(self, slots: list[int]) -> None:
+        """Each of ``slots`` holds a whole block."""
+        bs, out = self.block_size, self.lengths
+        for slot in slots:
+            out[slot] = bs
+
     def set_length(self, slot: int, n: int) -> None:
         """Record that ``n`` bytes were written into ``slot`` through its view."""
         if not 0 <= n <= self.block_size:

@@ -15,6 +15,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
+from itertools import repeat
 from typing import Final, cast
 
 from .._types import (
@@ -318,9 +319,8 @@ class EngineCore:
     ) -> None:
         """Make prepared blocks loadable (``sizes`` gives lengths), or free them on failure."""
         bs = self.arena.block_size
-        if sizes is None:
-            lengths = [bs] * len(ks)
-        else:
+        lengths: list[int] | None = None
+        if sizes is not None:
             lengths = list(sizes)
             if len(lengths) != len(ks):
                 raise ValueError(f"sizes has {len(lengths)} entries for {len(ks)} keys")
@@ -328,11 +328,10 @@ class EngineCore:
                 if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= bs:
                     raise ValueError(f"size {n!r} of block {k[:64]!r} is not in 0..{bs}")
         rs = self.known_request(req_id)
-        self.pins.check_stores(rs, ks)
+        taken = self.pins.take_stores(rs, ks)
         rs.store_views.release(ks, latest=False)
         table, index, state = self.table, self.table.index, self.table.state
         store_deadline = self.inflight.store_deadline
-        taken = self.pins.take_stores(rs, ks)
         current = cast(list[int], taken)  # when None is not in it
         if (
             success
@@ -345,10 +344,11 @@ class EngineCore:
                 pop(s, None)
             stored = settled = list(ks)
             slots, stored_lengths = current, lengths
+            table.stores_landed(current)
         else:
             stored, settled = [], []
             slots, stored_lengths = [], []
-            for k, n, slot in zip(ks, lengths, taken, strict=True):
+            for k, n, slot in zip(ks, lengths or repeat(bs), taken, strict=False):
                 if slot is None:
                     continue  # completes an earlier prepare, which a put or delete superseded
                 store_deadline.pop(slot, None)
@@ -361,9 +361,12 @@ class EngineCore:
                     stored_lengths.append(n)
                 else:
                     table.detach(slot)
-        if slots:
-            self.arena.set_lengths(slots, stored_lengths)
             table.mark_ready_many(slots, clean=False)
+        if slots:
+            if stored_lengths is None:  # each a whole block
+                self.arena.fill_lengths(slots)
+            else:
+                self.arena.set_lengths(slots, stored_lengths)
             table.refresh_many(slots)  # a first use: ARC keeps them among the blocks seen once
         if settled:
             self.inflight.settle_many(settled, self.clock())

@@ -235,11 +235,8 @@ class PinLedger:
 
     def check_stores(self, rs: RequestState, keys: Sequence[bytes]) -> None:
         """``ValueError`` naming a key the request has no store prepared for."""
-        distinct = set(keys)
-        if len(distinct) != len(keys):
+        if len(set(keys)) != len(keys):
             raise ValueError("complete_store was given the same key twice")
-        if rs.stores.keys() >= distinct:
-            return  # the common case, at C speed: every one is a current prepare
         for k in keys:
             if k not in rs.stores and not rs.stale_stores.get(k) and k not in rs.cleared_stores:
                 raise ValueError(
@@ -272,12 +269,14 @@ class PinLedger:
         return None
 
     def take_stores(self, rs: RequestState, keys: Sequence[bytes]) -> list[int | None]:
-        """:meth:`take_store` of each key (distinct keys): the current prepares' slots are
-        unpinned together."""
+        """:meth:`take_store` of each key, after :meth:`check_stores` (which raises with
+        nothing released): the current prepares' slots are unpinned together."""
         stale, stores = rs.stale_stores, rs.stores
-        if not stale and stores.keys() >= set(keys):  # the common case: each a current prepare
-            pop = stores.pop
-            slots: list[int | None] = [pop(k) for k in keys]
+        distinct = set(keys)
+        if len(distinct) != len(keys) or not stores.keys() >= distinct:
+            self.check_stores(rs, keys)
+        elif not stale:  # the common case, at C speed: each key a current prepare
+            slots: list[int | None] = list(map(stores.pop, keys))
             self._table.unpin_many(cast(list[int], slots))
             return slots
         out: list[int | None] = []

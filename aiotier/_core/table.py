@@ -246,6 +246,15 @@ class BlockTable:
             state[slot] = READY
             flags[slot] = flag
 
+    def stores_landed(self, slots: list[int]) -> None:
+        """Pending stores into ``slots`` completed (every one PENDING, which the caller checked
+        in one pass): loadable, and not known to any tier."""
+        state, flags = self.state, self._clean
+        ready = int(READY)
+        for slot in slots:
+            state[slot] = ready
+            flags[slot] = 0
+
     def set_clean(self, slot: int, clean: bool) -> None:
         """Whether the first secondary tier holds exactly this slot's bytes."""
         self._clean[slot] = 1 if clean else 0
