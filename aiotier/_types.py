@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import FrozenInstanceError, dataclass
-from typing import Protocol, TypeAlias
+from typing import Protocol, TypeAlias, cast
 
 __all__ = [
     "MAX_KEY_BYTES",
@@ -24,7 +24,8 @@ MAX_KEY_BYTES = 1024
 
 #: Bytes of a block as they move between the engine and the tiers.
 Buffer: TypeAlias = bytes | bytearray | memoryview
-_BYTES = {bytes}
+_BYTES = frozenset({bytes})
+_ONE_KEY = (str, bytes)
 
 
 class _Views(Protocol):
@@ -142,12 +143,13 @@ def normalize_key(key: object) -> bytes:
 
 def normalize_keys(keys: Iterable[object]) -> list[bytes]:
     """Normalise every key, or raise before anything is done with any of them."""
-    if isinstance(keys, str | bytes):
+    cls = keys.__class__
+    if cls is list or cls is tuple:
+        seq = cast(Sequence[bytes], keys)
+        if _BYTES.issuperset(map(type, seq)) and (not seq or max(map(len, seq)) <= MAX_KEY_BYTES):
+            return list(seq)  # every key is a short bytes (checked in C): nothing to convert
+    elif isinstance(keys, _ONE_KEY):
         raise TypeError("keys must be an iterable of keys, not a single str or bytes key")
-    if (keys.__class__ is list or keys.__class__ is tuple) and (
-        not keys or (set(map(type, keys)) == _BYTES and max(map(len, keys)) <= MAX_KEY_BYTES)
-    ):  # every key is a short bytes (checked in C): nothing to convert
-        return list(keys)
     limit = MAX_KEY_BYTES
     return [
         k if k.__class__ is bytes and len(k) <= limit else normalize_key(k)

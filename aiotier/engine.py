@@ -546,9 +546,9 @@ _BYTES: frozenset[type] = frozenset({bytes})
 
 def _key_sequence(keys: Sequence[bytes | str], req: RequestContext | None) -> Sequence[bytes | str]:
     """``keys`` as a list or tuple (an iterator is read once), after the checks that come first."""
-    if isinstance(keys, str | bytes):
-        raise TypeError("keys must be a sequence of keys, not a single str or bytes key")
     if keys.__class__ is not list and keys.__class__ is not tuple:
+        if isinstance(keys, str | bytes):
+            raise TypeError("keys must be a sequence of keys, not a single str or bytes key")
         keys = list(keys)
     if req is not None and req.__class__ is not RequestContext:
         check_req(req)
