@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Sequence
-from dataclasses import FrozenInstanceError, dataclass
+from dataclasses import dataclass
 from typing import Protocol, TypeAlias, cast
 
 __all__ = [
@@ -58,42 +58,37 @@ class RequestContext:
 
 class _BlockSpec:
     """Slot ids and views of them; the views are made when ``buffers`` is first read (a
-    caller that addresses blocks by id never pays for them). Immutable, as a frozen
-    dataclass of the two fields would be."""
+    caller that addresses blocks by id never pays for them). Both are read-only, as the
+    fields of a frozen dataclass would be."""
 
-    __slots__ = ("_views", "block_ids")
-
-    block_ids: tuple[int, ...]
-    _views: tuple[memoryview, ...] | _Views
+    __slots__ = ("_ids", "_views")
 
     def __init__(
         self, block_ids: tuple[int, ...], buffers: tuple[memoryview, ...] | _Views
     ) -> None:
-        object.__setattr__(self, "block_ids", block_ids)
-        object.__setattr__(self, "_views", buffers)
+        self._ids = block_ids
+        self._views = buffers
+
+    @property
+    def block_ids(self) -> tuple[int, ...]:
+        return self._ids
 
     @property
     def buffers(self) -> tuple[memoryview, ...]:
         views = self._views
         return views if isinstance(views, tuple) else views.buffers()
 
-    def __setattr__(self, name: str, value: object) -> None:
-        raise FrozenInstanceError(f"cannot assign to field {name!r}")
-
-    def __delattr__(self, name: str) -> None:
-        raise FrozenInstanceError(f"cannot delete field {name!r}")
-
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
         assert isinstance(other, _BlockSpec)
-        return self.block_ids == other.block_ids and self.buffers == other.buffers
+        return self._ids == other._ids and self.buffers == other.buffers
 
     def __hash__(self) -> int:
-        return hash((self.block_ids, self.buffers))
+        return hash((self._ids, self.buffers))
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(block_ids={self.block_ids!r}, buffers={self.buffers!r})"
+        return f"{type(self).__name__}(block_ids={self._ids!r}, buffers={self.buffers!r})"
 
 
 class LoadSpec(_BlockSpec):

@@ -14,7 +14,7 @@ from .views import HandedViews
 __all__ = ["RequestBook", "RequestState", "StepDelays"]
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, init=False)
 class RequestState:
     """What one request owes the metrics and the arena.
 
@@ -25,27 +25,42 @@ class RequestState:
     """
 
     req_id: str
-    busy: int = 0  # lookups of this request suspended in a tier right now
-    sync_delay: float = 0.0
-    has_sync: bool = False
-    deferred_at: float | None = None
+    busy: int  # lookups of this request suspended in a tier right now
+    sync_delay: float
+    has_sync: bool
+    deferred_at: float | None
     # key -> slot pinned because this request got RETRY for the key's promotion
-    promo_pins: dict[bytes, int] = field(default_factory=dict)
+    promo_pins: dict[bytes, int]
     # key -> slots pinned by prepare_load (a key may be loaded twice before completion)
-    load_pins: dict[bytes, list[int]] = field(default_factory=dict)
+    load_pins: dict[bytes, list[int]]
     # key -> slot prepared by prepare_store and not completed yet
-    stores: dict[bytes, int] = field(default_factory=dict)
+    stores: dict[bytes, int]
     # slots of earlier prepare_stores of a key prepared again before completing (oldest first):
     # the storer may still write them, so each stays pinned until the complete_store that
     # matches it (complete_stores of a key match its prepares in order) or the request ends
-    stale_stores: dict[bytes, list[int]] = field(default_factory=dict)
+    stale_stores: dict[bytes, list[int]]
     # slots of loads and stores handed out before a clear (key -> slots): still pinned, since
     # the caller may still read or write them, until completed, released, or the request ends
-    cleared_loads: dict[bytes, list[int]] = field(default_factory=dict)
-    cleared_stores: dict[bytes, list[int]] = field(default_factory=dict)
+    cleared_loads: dict[bytes, list[int]]
+    cleared_stores: dict[bytes, list[int]]
     # the views handed out by prepare_load / prepare_store, released at complete_*
-    load_views: HandedViews = field(default_factory=HandedViews)
-    store_views: HandedViews = field(default_factory=HandedViews)
+    load_views: HandedViews
+    store_views: HandedViews
+
+    def __init__(self, req_id: str) -> None:  # written out: literals cost less than factories
+        self.req_id = req_id
+        self.busy = 0
+        self.sync_delay = 0.0
+        self.has_sync = False
+        self.deferred_at = None
+        self.promo_pins = {}
+        self.load_pins = {}
+        self.stores = {}
+        self.stale_stores = {}
+        self.cleared_loads = {}
+        self.cleared_stores = {}
+        self.load_views = HandedViews()
+        self.store_views = HandedViews()
 
     def add_sync(self, seconds: float) -> None:
         self.sync_delay += seconds
