@@ -195,19 +195,23 @@ class PinLedger:
     def unpin_loads(self, rs: RequestState, keys: Sequence[bytes]) -> None:
         """Release one load pin per key, and the request's RETRY pin on it; ``ValueError`` (with
         nothing released) names a key the request did not ``prepare_load``."""
-        for k, n in Counter(keys).items():
-            if len(rs.load_pins.get(k, ())) + len(rs.cleared_loads.get(k, ())) < n:
-                raise ValueError(
-                    f"complete_load of block {k[:64]!r} that request "
-                    f"{rs.req_id!r} did not prepare_load"
-                )
+        distinct = set(keys)
+        if len(distinct) < len(keys) or not rs.load_pins.keys() >= distinct:  # else: fine
+            for k, n in Counter(keys).items():
+                if len(rs.load_pins.get(k, ())) + len(rs.cleared_loads.get(k, ())) < n:
+                    raise ValueError(
+                        f"complete_load of block {k[:64]!r} that request "
+                        f"{rs.req_id!r} did not prepare_load"
+                    )
+        promo = rs.promo_pins
         for k in keys:
             pins = rs.load_pins if k in rs.load_pins else rs.cleared_loads
             slots = pins[k]
             self._table.unpin(slots.pop())
             if not slots:
                 del pins[k]
-            self.release_retry(rs, k)
+            if k in promo:
+                self.release_retry(rs, k)
 
     # -- store pins ----------------------------------------------------------------------------
 

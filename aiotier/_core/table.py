@@ -84,7 +84,17 @@ class BlockTable:
     goes when the slot is freed or reused.
     """
 
-    __slots__ = ("_clean", "deadlines", "free", "index", "keys", "pins", "policy", "state")
+    __slots__ = (
+        "_clean",
+        "_evictable",
+        "deadlines",
+        "free",
+        "index",
+        "keys",
+        "pins",
+        "policy",
+        "state",
+    )
 
     def __init__(self, num_blocks: int, policy: EvictionPolicy) -> None:
         self.index: dict[bytes, int] = {}
@@ -97,6 +107,7 @@ class BlockTable:
         self.free: list[int] = list(range(num_blocks - 1, -1, -1))
         self.policy = policy
         self.deadlines: Deadlines[int] = Deadlines()
+        self._evictable = _Evictable(self.state, self.pins, frozenset())
 
     def __len__(self) -> int:
         return len(self.index)
@@ -190,6 +201,8 @@ class BlockTable:
         return slots, evicted
 
     def _evictable_except(self, protected: Iterable[int]) -> _Evictable:
+        if not protected:
+            return self._evictable  # (the common case: kept, not built per allocation)
         return _Evictable(self.state, self.pins, frozenset(protected))
 
     def eviction_candidates(self, n: int, protected: Iterable[int] = ()) -> list[bytes]:
