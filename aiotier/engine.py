@@ -301,6 +301,9 @@ class TieringEngine(CacheAPI):
         if (
             self._fast
             and _only_bytes(keys)
+            # a prefix that grew since it was stored misses its last key: the slow path at
+            # once, rather than through the KeyError of the gather below
+            and (not keys or keys[-1] in self._index)
             # with blocks with a TTL about, also none of these may have one (slow path checks)
             and (self._live_ready if self._expiring else self._all_ready)(keys)  # type: ignore[arg-type]
         ):
