@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from itertools import repeat
+from operator import mul
 
 from ..errors import ConfigError
+from .gather import gather
 
 __all__ = ["Arena", "check_geometry"]
 
@@ -82,6 +85,10 @@ class Arena:
         """The positions in ``slots`` of those whose stored bytes start with ``prefix``."""
         bs, lengths, n = self.block_size, self.lengths, len(prefix)
         if isinstance(self._buf, bytearray):  # compared in place, no view per slot
+            if len(slots) > 1 and prefix and prefix[0] not in gather(
+                self._buf, list(map(mul, slots, repeat(bs)))
+            ):  # no slot starts with its first byte (one C-level pass): none with it all
+                return []
             at = self._buf.startswith
             return [j for j, s in enumerate(slots) if lengths[s] >= n and at(prefix, s * bs)]
         view = self._view

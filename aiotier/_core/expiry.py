@@ -19,6 +19,9 @@ from .values import MANIFEST_MAGIC, PIECE_KEY_PREFIX, block_expiry
 
 __all__ = ["Expiry"]
 
+#: every key that starts with ``PIECE_KEY_PREFIX`` sorts below this one
+_PIECE_KEYS_END = PIECE_KEY_PREFIX[:-1] + bytes([PIECE_KEY_PREFIX[-1] + 1])
+
 
 class Expiry:
     """The TTL transitions of one engine's core: deadlines armed where blocks with an expiry
@@ -125,7 +128,11 @@ class Expiry:
         dropped at once (counted for tier ``ti``, and removed there)."""
         # only a value's head and its pieces carry an expiry (no block of the scheduler's does)
         heads = arena.starting_with(slots, MANIFEST_MAGIC)
-        pieces = [j for j, k in enumerate(keys) if k.startswith(PIECE_KEY_PREFIX)]
+        pieces = (  # none unless some key sorts below the prefix's end (one C-level pass)
+            [j for j, k in enumerate(keys) if k.startswith(PIECE_KEY_PREFIX)]
+            if keys and min(keys) < _PIECE_KEYS_END
+            else []
+        )
         if not heads and not pieces:
             return
         now: float | None = None

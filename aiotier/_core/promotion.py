@@ -338,8 +338,12 @@ class Promotions:
         batch = PromotionBatch(ti, keys, slots, self._clock())
         if scan.hold:
             self._answers.hold(rs, keys, slots, batch)
-        for i in where[:placed]:
-            results[i] = _RETRY
+        first, last = where[0], where[placed - 1]
+        if last - first == placed - 1:  # a run of positions (they ascend): one slice
+            results[first : last + 1] = [_RETRY] * placed
+        else:
+            for i in where[:placed]:
+                results[i] = _RETRY
         protected.extend(slots)
         self._inflight.promoting += placed
         self.in_flight.add(batch)
