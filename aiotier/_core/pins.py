@@ -196,7 +196,7 @@ class PinLedger:
         """Release one load pin per key, and the request's RETRY pin on it; ``ValueError`` (with
         nothing released) names a key the request did not ``prepare_load``."""
         distinct = set(keys)
-        if len(distinct) < len(keys) or not rs.load_pins.keys() >= distinct:  # else: fine
+        if len(distinct) < len(keys) or not rs.load_pins.keys() >= distinct:  # else: all loads
             for k, n in Counter(keys).items():
                 if len(rs.load_pins.get(k, ())) + len(rs.cleared_loads.get(k, ())) < n:
                     raise ValueError(
