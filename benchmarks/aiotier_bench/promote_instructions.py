@@ -15,17 +15,13 @@ import asyncio
 import ctypes
 import os
 import random
-import re
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 from aiotier import MemoryTier, PrimaryTier, RequestContext, TieringEngine
 
 from .bare import BareEngine
 from .core import PROMOTE_BATCH, PROMOTE_BLOCK, PROMOTE_PRIMARY
-from .trace_instructions import _LIB_ENV, _build_toggle
+from .trace_instructions import _LIB_ENV, counted_instructions
 
 __all__ = ["main"]
 
@@ -84,24 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.inside:
         asyncio.run(_counted_round(args.variant))
         return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        where = Path(tmp)
-        out = where / "callgrind.out"
-        env = {**os.environ, _LIB_ENV: str(_build_toggle(where)), "PYTHONHASHSEED": "0"}
-        inner = [sys.executable, "-m", "aiotier_bench.promote_instructions", args.variant,
-                 "--inside"]  # fmt: skip
-        subprocess.run(
-            ["valgrind", "--tool=callgrind", "--collect-atstart=no",
-             f"--callgrind-out-file={out}", *inner],
-            env=env, capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        summary = subprocess.run(["callgrind_annotate", str(out)], capture_output=True,
-                                 text=True, check=True).stdout  # fmt: skip
-    total = re.search(r"([\d,]+) \(100\.0%\)\s+PROGRAM TOTALS", summary)
-    if total is None:
-        print(summary[-2000:], file=sys.stderr)
+    run, instructions = counted_instructions(["aiotier_bench.promote_instructions", args.variant])
+    if instructions is None:
+        print(run.stdout, run.stderr[-2000:], file=sys.stderr)
         return 1
-    instructions = int(total[1].replace(",", ""))
     print(f"memory_promote {args.variant}: {instructions / N_KEYS:,.0f} instructions per block "
           f"({N_KEYS} blocks in batches of {PROMOTE_BATCH})")  # fmt: skip
     return 0

@@ -38,6 +38,26 @@ def _build_toggle(where: Path) -> Path:
     return lib
 
 
+def counted_instructions(
+    module_args: list[str],
+) -> tuple[subprocess.CompletedProcess[str], int | None]:
+    """Run ``python -m MODULE ARGS --inside`` under callgrind (collection off until the module
+    toggles it): the run, and the instructions counted (None if callgrind reported none)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        where = Path(tmp)
+        out = where / "callgrind.out"
+        env = {**os.environ, _LIB_ENV: str(_build_toggle(where)), "PYTHONHASHSEED": "0"}
+        run = subprocess.run(
+            ["valgrind", "--tool=callgrind", "--collect-atstart=no",
+             f"--callgrind-out-file={out}", sys.executable, "-m", *module_args, "--inside"],
+            env=env, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        summary = subprocess.run(["callgrind_annotate", str(out)], capture_output=True,
+                                 text=True, check=True).stdout  # fmt: skip
+    total = re.search(r"([\d,]+) \(100\.0%\)\s+PROGRAM TOTALS", summary)
+    return run, None if total is None else int(total[1].replace(",", ""))
+
+
 def _replay_counted(who: str, policy: str, trace: str, admission: str) -> tuple[int, int]:
     """Inside callgrind: the counted replay with collection on only inside the meter's
     stretches. Returns (requests, hits)."""
@@ -80,26 +100,15 @@ def main(argv: list[str] | None = None) -> int:
         requests, hits = _replay_counted(args.who, args.policy, args.trace, args.admission)
         print(f"requests={requests} hits={hits}")
         return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        where = Path(tmp)
-        out = where / "callgrind.out"
-        env = {**os.environ, _LIB_ENV: str(_build_toggle(where)), "PYTHONHASHSEED": "0"}
-        inner = [sys.executable, "-m", "aiotier_bench.trace_instructions", args.who,
-                 args.policy, args.trace, "--admission", args.admission, "--inside"]  # fmt: skip
-        run = subprocess.run(
-            ["valgrind", "--tool=callgrind", "--collect-atstart=no",
-             f"--callgrind-out-file={out}", *inner],
-            env=env, capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        summary = subprocess.run(["callgrind_annotate", str(out)], capture_output=True,
-                                 text=True, check=True).stdout  # fmt: skip
+    run, instructions = counted_instructions(
+        ["aiotier_bench.trace_instructions", args.who, args.policy, args.trace,
+         "--admission", args.admission]
+    )  # fmt: skip
     counts = re.search(r"requests=(\d+) hits=(\d+)", run.stdout)
-    total = re.search(r"([\d,]+) \(100\.0%\)\s+PROGRAM TOTALS", summary)
-    if counts is None or total is None:
+    if counts is None or instructions is None:
         print(run.stdout, run.stderr[-2000:], file=sys.stderr)
         return 1
     requests, hits = int(counts[1]), int(counts[2])
-    instructions = int(total[1].replace(",", ""))
     label = f"{args.who} {args.policy}" + (f" {args.admission}" if args.who == "aiotier" else "")
     print(f"{label} {args.trace}: {instructions / requests:,.0f} instructions per request "
           f"({requests} requests, {hits} hit blocks)")  # fmt: skip
