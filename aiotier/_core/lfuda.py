@@ -16,11 +16,11 @@ hits 12% more than LRU at 5% of the blocks; ``docs/traces.md``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from .admission import FrequencySketch
 from .gather import gather
-from .policy import Evictable, EvictionPolicy, _consume, _evictable_run
+from .policy import Evictable, EvictionPolicy
 
 __all__ = ["LFUDAPolicy"]
 
@@ -35,26 +35,58 @@ WINDOW = 2
 _SCAN = 16
 
 
-class LFUDAPolicy(EvictionPolicy):
-    """LFUDA over slots: one bucket per priority, each a dict of its slots in the order they
-    were stamped (priorities are small integers, so there is no heap, no tuple and no stale
-    entry to pop).
+def _among(evictable: Evictable) -> Callable[[list[int]], list[int]]:
+    """``evictable.among`` (the evictable ones of a run of slots, in order), or its slow
+    equivalent."""
+    among: Callable[[list[int]], list[int]] | None = getattr(evictable, "among", None)
+    if among is not None:
+        return among
+    return lambda slots: list(filter(evictable, slots))
 
-    Eviction walks the buckets upwards from the lowest, each from its oldest slot: the lowest
+
+class _Run:
+    """Slots stamped into one bucket together (a batch of one count), in stamp order, with
+    their keys. A slot is in the run while the policy's ``_where[slot]`` is the run; one that
+    left it (used again, removed, evicted) stays in the lists until they are compacted."""
+
+    __slots__ = ("count", "keys", "live", "p", "slots")
+
+    def __init__(self, p: int, count: int, slots: list[int], keys: list[bytes]) -> None:
+        self.p = p
+        self.count = count
+        self.slots = slots
+        self.keys = keys
+        self.live = len(slots)
+
+    def members(self, where: list[_Run | None]) -> list[int]:
+        """Its slots still in it, in order."""
+        if self.live == len(self.slots):
+            return self.slots
+        return [s for s in self.slots if where[s] is self]
+
+    def key(self, slot: int) -> bytes:
+        return self.keys[self.slots.index(slot)]
+
+
+class LFUDAPolicy(EvictionPolicy):
+    """LFUDA over slots: one bucket per priority, each an ordered set of runs (the slots one
+    call stamped with one count, oldest first), so that a batch is stamped, refreshed and
+    evicted whole rather than slot by slot (priorities are small integers: no heap either).
+
+    Eviction walks the buckets upwards from the lowest, each from its oldest run: the lowest
     priority first, ties to the block used least recently. Memory: the sketch's
     ``64 x num_blocks`` to ``128 x num_blocks`` bytes (its four rows of a power of two
-    counters), plus three dict entries per resident block.
+    counters), a list entry per slot, and per resident block two list entries in its run (at
+    most twice that while slots that left a run are not yet compacted away).
     """
 
-    __slots__ = ("_age", "_buckets", "_key", "_low", "_sketch", "_where")
+    __slots__ = ("_age", "_buckets", "_low", "_sketch", "_where")
 
     def __init__(self, num_blocks: int) -> None:
         self._sketch = FrequencySketch(HISTORY * max(num_blocks, 1), window=WINDOW)
         self._age = 0
-        #: priority -> {slot: its key's count at its last use}, oldest stamp first
-        self._buckets: dict[int, dict[int, int]] = {}
-        self._where: dict[int, int] = {}  # slot -> its priority
-        self._key: dict[int, bytes] = {}
+        self._buckets: dict[int, dict[_Run, None]] = {}  # priority -> its runs, oldest first
+        self._where: list[_Run | None] = [None] * max(num_blocks, 1)  # slot -> its run
         self._low = 0  # at most the lowest priority in use
 
     @property
@@ -62,139 +94,161 @@ class LFUDAPolicy(EvictionPolicy):
         """The priority of the last block evicted: a new block starts at ``age + count``."""
         return self._age
 
-    def _stamp(self, slot: int, count: int) -> None:
-        """``slot`` (not in a bucket) becomes the newest of priority ``age + count``."""
+    def _stamp(self, slots: list[int], keys: list[bytes], count: int) -> None:
+        """``slots`` (distinct, in no run) become the newest of priority ``age + count``."""
         p = self._age + count
+        run = _Run(p, count, slots, keys)
         bucket = self._buckets.get(p)
         if bucket is None:
-            self._buckets[p] = {slot: count}
-            self._low = min(self._low, p)
+            self._buckets[p] = {run: None}
+            if p < self._low:
+                self._low = p
         else:
-            bucket[slot] = count
-        self._where[slot] = p
+            bucket[run] = None
+        where = self._where
+        for s in slots:
+            where[s] = run
 
-    def _unstamp(self, slot: int) -> int | None:
-        """Take ``slot`` out of its bucket: its count, or None if it is not resident."""
-        p = self._where.pop(slot, None)
-        if p is None:
-            return None
-        bucket = self._buckets[p]
-        count = bucket.pop(slot)
+    def _drop(self, run: _Run) -> None:
+        """``run`` (with no slot left in it) leaves its bucket."""
+        bucket = self._buckets[run.p]
+        del bucket[run]
         if not bucket:
-            del self._buckets[p]
-        return count
+            del self._buckets[run.p]
+
+    def _left(self, run: _Run, k: int) -> None:
+        """``k`` of ``run``'s slots left it (``_where`` already says so)."""
+        run.live -= k
+        if not run.live:
+            self._drop(run)
+        elif run.live * 2 < len(run.slots):  # compacted once half are gone: O(1) amortised
+            where = self._where
+            kept = [(s, k) for s, k in zip(run.slots, run.keys, strict=True) if where[s] is run]
+            run.slots = [s for s, _ in kept]
+            run.keys = [k for _, k in kept]
+
+    def _unstamp(self, slot: int) -> tuple[bytes, int] | None:
+        """Take ``slot`` out of its run: its key and count, or None if it is not resident."""
+        run = self._where[slot]
+        if run is None:
+            return None
+        found = run.key(slot), run.count
+        self._where[slot] = None
+        self._left(run, 1)
+        return found
 
     def insert(self, slot: int, key: bytes) -> None:
         self._unstamp(slot)
-        self._key[slot] = key
-        self._stamp(slot, self._sketch.increment(key))
+        self._stamp([slot], [key], self._sketch.increment(key))
 
     def insert_many(self, slots: list[int], keys: list[bytes]) -> None:
         if len(slots) != len(keys):
             raise ValueError(f"{len(keys)} keys for {len(slots)} slots")
-        seen = self._sketch.increment_many(keys)
-        buckets, where, age = self._buckets, self._where, self._age
-        self._key.update(zip(slots, keys, strict=True))
-        if seen and seen.count(seen[0]) == len(seen) and where.keys().isdisjoint(slots):
-            # the common case: new slots whose keys were seen equally often (a prefix's blocks
-            # are), stamped in order into one bucket at once
-            fresh = dict.fromkeys(slots, seen[0])
-            if len(fresh) == len(slots):
-                p = age + seen[0]
-                bucket = buckets.get(p)
-                if bucket is None:
-                    buckets[p] = fresh
-                    self._low = min(self._low, p)
-                else:
-                    bucket.update(fresh)
-                where.update(dict.fromkeys(slots, p))
-                return
-        for slot, count in zip(slots, seen, strict=True):  # _unstamp and _stamp, inlined
-            if slot in where:
+        if not slots:
+            return
+        counts = self._sketch.increment_many(keys)
+        if len(set(slots)) != len(slots):  # a slot twice: one at a time, as insert would
+            for slot, key, count in zip(slots, keys, counts, strict=True):
                 self._unstamp(slot)
-            p = age + count
-            bucket = buckets.get(p)
-            if bucket is None:
-                buckets[p] = {slot: count}
-                self._low = min(self._low, p)
-            else:
-                bucket[slot] = count
-            where[slot] = p
+                self._stamp([slot], [key], count)
+            return
+        if gather(self._where, slots).count(None) != len(slots):
+            for slot in slots:
+                self._unstamp(slot)
+        self._stamp_grouped(list(slots), list(keys), counts)
+
+    def _stamp_grouped(self, slots: list[int], keys: list[bytes], counts: list[int]) -> None:
+        """Stamp distinct slots in no run, in order, each at its count: a run per stretch of
+        one count (a bucket takes them in the order one stamp each would have put them, and a
+        refresh of the same slots in the same order moves the runs whole)."""
+        if counts.count(counts[0]) == len(counts):  # the common case: a prefix's blocks
+            self._stamp(slots, keys, counts[0])
+            return
+        i = 0
+        for j in range(1, len(counts) + 1):
+            if j == len(counts) or counts[j] != counts[i]:
+                self._stamp(slots[i:j], keys[i:j], counts[i])
+                i = j
 
     def touch(self, slot: int) -> None:
-        key = self._key.get(slot)
-        if key is not None:
-            self._unstamp(slot)
-            self._stamp(slot, self._sketch.increment(key))
+        found = self._unstamp(slot)
+        if found is not None:
+            self._stamp([slot], [found[0]], self._sketch.increment(found[0]))
 
     def refresh(self, slot: int) -> None:
-        count = self._unstamp(slot)
-        if count is not None:
-            self._stamp(slot, count)
+        found = self._unstamp(slot)
+        if found is not None:
+            self._stamp([slot], [found[0]], found[1])
 
     def refresh_many(self, slots: list[int]) -> None:
-        if self._refresh_run(slots):
+        runs = self._whole_runs(slots)
+        if runs is not None:  # batches insert_many stamped, still whole: moved whole
+            for whole in runs:
+                self._move(whole)
             return
-        buckets, where, age = self._buckets, self._where, self._age
-        for slot in slots:  # _unstamp and _stamp, inlined
-            p = where.get(slot)
-            if p is None:
+        if len(set(slots)) != len(slots):  # a slot twice: one at a time
+            for slot in slots:
+                self.refresh(slot)
+            return
+        kept: list[int] = []
+        keys: list[bytes] = []
+        counts: list[int] = []
+        left: list[_Run] = []
+        where, found = self._where, dict[_Run, dict[int, bytes]]()
+        for slot in slots:
+            run = where[slot]
+            if run is None:
                 continue
-            bucket = buckets[p]
-            count = bucket.pop(slot)
-            q = age + count
-            if q == p:  # the same priority: the newest of its bucket
-                bucket[slot] = count
-                continue
-            if not bucket:
-                del buckets[p]
-            into = buckets.get(q)
-            if into is None:
-                buckets[q] = {slot: count}
-                self._low = min(self._low, q)
-            else:
-                into[slot] = count
-            where[slot] = q
+            of_run = found.get(run)
+            if of_run is None:
+                of_run = found[run] = dict(zip(run.slots, run.keys, strict=True))
+            kept.append(slot)
+            keys.append(of_run[slot])
+            counts.append(run.count)
+            left.append(run)
+        for slot, run in zip(kept, left, strict=True):
+            where[slot] = None
+            self._left(run, 1)
+        if kept:
+            self._stamp_grouped(kept, keys, counts)
 
-    def _refresh_run(self, slots: list[int]) -> bool:
-        """:meth:`refresh_many` of distinct slots of one bucket with one count (a batch that
-        :meth:`insert_many` stamped together), moved at once; False if they are not that."""
-        if not slots:
-            return True
-        where = self._where
-        p = where.get(slots[0])
-        if p is None:
-            return False
+    def _whole_runs(self, slots: list[int]) -> list[_Run] | None:
+        """The runs ``slots`` is made of, each whole and in its order, or None if it is not."""
+        where, runs, i = self._where, [], 0
+        while i < len(slots):
+            run = where[slots[i]]
+            if run is None or run.live != len(run.slots):
+                return None
+            j = i + run.live
+            if slots[i:j] != run.slots:
+                return None
+            runs.append(run)
+            i = j
+        if len(set(runs)) != len(runs):
+            return None  # a run named twice
+        return runs
+
+    def _move(self, run: _Run) -> None:
+        """``run`` becomes the newest of priority ``age + count``, whole."""
+        p, q = run.p, self._age + run.count
         bucket = self._buckets[p]
-        count = bucket[slots[0]]
-        try:
-            same = gather(where, slots).count(p) == len(slots)
-            if not same or gather(bucket, slots).count(count) != len(slots):
-                return False
-        except KeyError:  # one of them is not resident
-            return False
-        moved = dict.fromkeys(slots, count)
-        if len(moved) != len(slots):
-            return False  # a slot named twice
-        _consume(map(bucket.pop, slots))
-        q = self._age + count
+        del bucket[run]
         if q == p:
-            bucket.update(moved)
-            return True
+            bucket[run] = None
+            return
         if not bucket:
             del self._buckets[p]
+        run.p = q
         into = self._buckets.get(q)
         if into is None:
-            self._buckets[q] = moved
-            self._low = min(self._low, q)
+            self._buckets[q] = {run: None}
+            if q < self._low:
+                self._low = q
         else:
-            into.update(moved)
-        where.update(dict.fromkeys(slots, q))
-        return True
+            into[run] = None
 
     def remove(self, slot: int) -> None:
         self._unstamp(slot)
-        self._key.pop(slot, None)
 
     def _ascending(self) -> Iterator[int]:
         """The priorities in use, lowest first."""
@@ -212,21 +266,30 @@ class LFUDAPolicy(EvictionPolicy):
                 gap += 1
             p += 1
 
-    def _choose(self, n: int, evictable: Evictable) -> list[tuple[int, list[int]]]:
-        """The next ``n`` evictable slots (fewer when not enough are), bucket by bucket:
-        ``(priority, its slots chosen)`` in eviction order. Moves ``_low`` up to the lowest
-        priority in use."""
-        chosen: list[tuple[int, list[int]]] = []
-        buckets, first = self._buckets, True
+    def _choose(self, n: int, evictable: Evictable) -> list[tuple[_Run, list[int]]]:
+        """The next ``n`` evictable slots (fewer when not enough are), run by run: ``(run, its
+        slots chosen)`` in eviction order. Moves ``_low`` up to the lowest priority in use."""
+        chosen: list[tuple[_Run, list[int]]] = []
+        if n <= 0:
+            return chosen
+        among = _among(evictable)
+        buckets, where, first = self._buckets, self._where, True
         for p in self._ascending():
             if first:
                 self._low, first = p, False
-            got = _evictable_run(iter(buckets[p]), n, evictable)
-            if got:
-                chosen.append((p, got))
-                n -= len(got)
-                if not n:
-                    break
+            for run in buckets[p]:
+                members = run.members(where)
+                got = among(members[:n])
+                i = n
+                while len(got) < n and i < len(members):  # some were not evictable
+                    more = n - len(got)
+                    got += among(members[i : i + more])
+                    i += more
+                if got:
+                    chosen.append((run, got))
+                    n -= len(got)
+                    if not n:
+                        return chosen
         return chosen
 
     def candidates(self, n: int, evictable: Evictable) -> list[int]:
@@ -236,21 +299,26 @@ class LFUDAPolicy(EvictionPolicy):
         chosen = self._choose(n, evictable)
         if sum(len(got) for _, got in chosen) < n:
             return None
-        buckets, where, keys = self._buckets, self._where, self._key
+        where = self._where
         victims: list[int] = []
-        for p, got in chosen:
-            bucket = buckets[p]
-            if len(got) == len(bucket):
-                del buckets[p]
-            else:
-                for v in got:
-                    del bucket[v]
+        for run, got in chosen:
             victims += got
-        for v in victims:
-            del where[v], keys[v]
+            k = len(got)
+            if k < run.live and run.slots[:k] == got:  # its oldest: cut off, the rest kept
+                run.slots = run.slots[k:]
+                run.keys = run.keys[k:]
+                run.live -= k
+                for v in got:
+                    where[v] = None
+                continue
+            for v in got:
+                where[v] = None
+            self._left(run, k)
         if chosen:
-            self._age = max(self._age, chosen[-1][0])
+            self._age = max(self._age, chosen[-1][0].p)
         return victims
 
     def order(self) -> list[int]:
-        return [s for p in sorted(self._buckets) for s in self._buckets[p]]
+        where = self._where
+        return [s for p in sorted(self._buckets) for run in self._buckets[p]
+                for s in run.members(where)]  # fmt: skip

@@ -17,8 +17,9 @@ from .gather import gather
 
 __all__ = ["ARCPolicy", "Evictable", "EvictionPolicy", "LRUPolicy"]
 
-#: Whether a slot may be evicted now. It may also have ``all(slots) -> bool``, a faster answer
-#: for a run of slots (the block table's has: two C-level gathers), which policies may use.
+#: Whether a slot may be evicted now. It may also have ``all(slots) -> bool`` and
+#: ``among(slots) -> list[int]`` (the evictable ones, in order), faster answers for a run of
+#: slots (the block table's has them: C-level gathers), which policies may use.
 Evictable = Callable[[int], bool]
 
 
@@ -38,11 +39,14 @@ def _evictable_run(slots: Iterator[int], n: int, evictable: Evictable) -> list[i
     """The next ``n`` evictable slots of ``slots`` (fewer when it runs out), a run of them
     checked at once."""
     out: list[int] = []
+    among: Callable[[Sequence[int]], list[int]] | None = getattr(evictable, "among", None)
     while len(out) < n:
         run = list(islice(slots, n - len(out)))
         if not run:
             break
-        if _all_evictable(evictable, run):
+        if among is not None:
+            out += among(run)
+        elif _all_evictable(evictable, run):
             out += run
         else:
             out += filter(evictable, run)
