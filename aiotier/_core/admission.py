@@ -122,15 +122,26 @@ class FrequencySketch:
             b = (a + step) & m
             c = (b + step) & m
             d = (c + step) & m
-            ca, cb, cc, cd = r0[a], r1[b], r2[c], r3[d]
-            if ca < 255:
-                r0[a] = ca = ca + 1
-            if cb < 255:
-                r1[b] = cb = cb + 1
-            if cc < 255:
-                r2[c] = cc = cc + 1
-            if cd < 255:
-                r3[d] = cd = cd + 1
+            ca = r0[a] + 1  # compared after the add: one step fewer than before it
+            if ca < 256:
+                r0[a] = ca
+            else:
+                ca = 255
+            cb = r1[b] + 1
+            if cb < 256:
+                r1[b] = cb
+            else:
+                cb = 255
+            cc = r2[c] + 1
+            if cc < 256:
+                r2[c] = cc
+            else:
+                cc = 255
+            cd = r3[d] + 1
+            if cd < 256:
+                r3[d] = cd
+            else:
+                cd = 255
             if cb < ca:  # min(ca, cb, cc, cd), without a call
                 ca = cb
             if cd < cc:
