@@ -88,10 +88,14 @@ class FrequencySketch:
         r0, r1, r2, r3 = self._rows
         cells = self._cells_many(keys)
         for a, b, c, d in cells:  # a saturated count stays at 255
-            r0[a] += r0[a] < 255
-            r1[b] += r1[b] < 255
-            r2[c] += r2[c] < 255
-            r3[d] += r3[d] < 255
+            if (ca := r0[a] + 1) < 256:
+                r0[a] = ca
+            if (cb := r1[b] + 1) < 256:
+                r1[b] = cb
+            if (cc := r2[c] + 1) < 256:
+                r2[c] = cc
+            if (cd := r3[d] + 1) < 256:
+                r3[d] = cd
         self._seen += len(cells)
         if self._seen >= self._sample:
             self._halve()

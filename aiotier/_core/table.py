@@ -362,15 +362,14 @@ class _Evictable:
         )
 
     def among(self, slots: Sequence[int]) -> list[int]:
-        """The evictable ones of ``slots``, in order (a run just stored, pending, costs two
-        C-level passes)."""
-        states, pins = gather(self._states, slots), gather(self._pins, slots)
-        n = len(slots)
+        """The evictable ones of ``slots``, in order, from C-level gathers (a run still pending
+        is turned down after one)."""
+        states = gather(self._states, slots)
         ready = states.count(READY)
         if not ready:
             return []
-        guard = self._guard
-        if ready == n and pins.count(0) == n and guard.isdisjoint(slots):
+        pins, n, guard = gather(self._pins, slots), len(slots), self._guard
+        if ready == n and pins.count(0) == n and (not guard or guard.isdisjoint(slots)):
             return list(slots)
         return [s for s, st, pn in zip(slots, states, pins, strict=True)
                 if st == READY and not pn and s not in guard]  # fmt: skip

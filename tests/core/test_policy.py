@@ -346,3 +346,64 @@ def test_lfuda_evicts_exactly_as_a_heap_of_priority_and_recency(
             assert lfu.evict(n, evictable) == ref.evict(n, evictable)
         assert lfu.order() == ref.order()
         assert lfu.age == ref.age
+
+
+class BatchEvictable:
+    """An ``Evictable`` with the optional batch answers (``all``, ``among``) the block table
+    gives, over a set of pinned slots."""
+
+    def __init__(self, pinned: frozenset[int]) -> None:
+        self.pinned = pinned
+
+    def __call__(self, slot: int) -> bool:
+        return slot not in self.pinned
+
+    def all(self, slots: list[int]) -> bool:
+        return self.pinned.isdisjoint(slots)
+
+    def among(self, slots: list[int]) -> list[int]:
+        return [s for s in slots if s not in self.pinned]
+
+
+@pytest.mark.parametrize("name", ["lru", "arc", "lfuda"])
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["insert_many", "touch", "refresh_many", "remove", "evict"]),
+                  st.lists(st.integers(0, 15), max_size=8), st.integers(1, 9),
+                  st.frozensets(st.integers(0, 15), max_size=6)),
+        max_size=80,
+    )
+)  # fmt: skip
+def test_policies_choose_the_same_victims_with_batch_evictable_answers(
+    name: str, ops: list[tuple[str, list[int], int, frozenset[int]]]
+) -> None:
+    """An evictable that answers for a run of slots at once (as the block table's does) gives
+    the victims, in the order, that asking slot by slot gives: pinned slots in the middle of a
+    batch, batches stored and refreshed together, runs partly evicted."""
+    batched, plain = make_policy(name, 16), make_policy(name, 16)
+    resident: set[int] = set()
+    for op, slots, n, pinned in ops:
+        if op == "insert_many":
+            fresh = list(dict.fromkeys(s for s in slots if s not in resident))
+            keys = [b"k%d" % (s % 6) for s in fresh]  # few keys: counts differ within a batch
+            batched.insert_many(fresh, keys)
+            plain.insert_many(fresh, keys)
+            resident.update(fresh)
+        elif op == "touch" and slots:
+            batched.touch(slots[0])
+            plain.touch(slots[0])
+        elif op == "refresh_many":
+            batched.refresh_many(slots)
+            plain.refresh_many(slots)
+        elif op == "remove" and slots:
+            batched.remove(slots[0])
+            plain.remove(slots[0])
+            resident.discard(slots[0])
+        elif op == "evict":
+            assert batched.candidates(n, BatchEvictable(pinned)) == plain.candidates(
+                n, unpinned(pinned)
+            )
+            victims = batched.evict(n, BatchEvictable(pinned))
+            assert victims == plain.evict(n, unpinned(pinned))
+            resident -= set(victims or ())
+        assert batched.order() == plain.order()
