@@ -16,11 +16,11 @@ hits 12% more than LRU at 5% of the blocks; ``docs/traces.md``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from .admission import FrequencySketch
 from .gather import gather
-from .policy import Evictable, EvictionPolicy
+from .policy import Evictable, EvictionPolicy, _among
 
 __all__ = ["LFUDAPolicy"]
 
@@ -33,15 +33,6 @@ HISTORY = 16
 WINDOW = 2
 #: Empty priorities the victim search steps over one by one before it looks the next one up.
 _SCAN = 16
-
-
-def _among(evictable: Evictable) -> Callable[[list[int]], list[int]]:
-    """``evictable.among`` (the evictable ones of a run of slots, in order), or its slow
-    equivalent."""
-    among: Callable[[list[int]], list[int]] | None = getattr(evictable, "among", None)
-    if among is not None:
-        return among
-    return lambda slots: list(filter(evictable, slots))
 
 
 class _Run:

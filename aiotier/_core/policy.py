@@ -35,21 +35,31 @@ def _consume(calls: Iterator[object]) -> None:
     deque(calls, maxlen=0)
 
 
+def _among(evictable: Evictable) -> Callable[[Sequence[int]], list[int]]:
+    """``evictable.among`` (the evictable ones of a run of slots, in order), or the same answer
+    from ``all`` and per-slot calls."""
+    among: Callable[[Sequence[int]], list[int]] | None = getattr(evictable, "among", None)
+    if among is not None:
+        return among
+
+    def one_by_one(slots: Sequence[int]) -> list[int]:
+        if _all_evictable(evictable, slots):
+            return list(slots)
+        return list(filter(evictable, slots))
+
+    return one_by_one
+
+
 def _evictable_run(slots: Iterator[int], n: int, evictable: Evictable) -> list[int]:
     """The next ``n`` evictable slots of ``slots`` (fewer when it runs out), a run of them
     checked at once."""
+    among = _among(evictable)
     out: list[int] = []
-    among: Callable[[Sequence[int]], list[int]] | None = getattr(evictable, "among", None)
     while len(out) < n:
         run = list(islice(slots, n - len(out)))
         if not run:
             break
-        if among is not None:
-            out += among(run)
-        elif _all_evictable(evictable, run):
-            out += run
-        else:
-            out += filter(evictable, run)
+        out += among(run)
     return out
 
 
