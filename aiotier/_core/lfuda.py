@@ -294,17 +294,14 @@ class LFUDAPolicy(EvictionPolicy):
         victims: list[int] = []
         for run, got in chosen:
             victims += got
-            k = len(got)
-            if k < run.live and run.slots[:k] == got:  # its oldest: cut off, the rest kept
-                run.slots = run.slots[k:]
-                run.keys = run.keys[k:]
-                run.live -= k
-                for v in got:
-                    where[v] = None
-                continue
             for v in got:
                 where[v] = None
-            self._left(run, k)
+            k = len(got)
+            if k < run.live and run.slots[:k] == got:  # its oldest: cut off, the rest kept
+                run.slots, run.keys = run.slots[k:], run.keys[k:]
+                run.live -= k
+            else:
+                self._left(run, k)
         if chosen:
             self._age = max(self._age, chosen[-1][0].p)
         return victims
