@@ -6,6 +6,10 @@ noise-free figure beside the case's µs medians.
 128-block ``PrimaryTier``, batches of 64), runs two rounds to warm it, and counts the third
 (``lookup_prefix`` + ``wait`` + ``end_step`` per batch, as the case's round) with callgrind's
 collection switched on only around it. Needs what :mod:`.trace_instructions` needs.
+
+``ssd`` counts the event loop's side of ``ssd_promote``'s warm round instead: 512 blocks of
+256 KiB in an ``SSDTier`` (a temporary directory), the same primary and batches, the loop
+thread's instructions only (the tier's threads copy and hash the blocks).
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ import ctypes
 import os
 import random
 import sys
+import tempfile
 
-from aiotier import MemoryTier, PrimaryTier, RequestContext, TieringEngine
+from aiotier import MemoryTier, PrimaryTier, RequestContext, SSDTier, TieringEngine
+from aiotier.tiers._ssd.layout import Geometry
 
 from .bare import BareEngine
 from .core import PROMOTE_BATCH, PROMOTE_BLOCK, PROMOTE_PRIMARY
@@ -25,22 +31,33 @@ from .trace_instructions import _LIB_ENV, counted_instructions
 
 __all__ = ["main"]
 
-VARIANTS = ("anonymous", "request", "bare", "bare_inline")
+VARIANTS = ("anonymous", "request", "bare", "bare_inline", "ssd")
 N_KEYS = 4096
+SSD_KEYS, SSD_BLOCK = 512, 256 * 1024
 
 
-async def _counted_round(variant: str) -> None:
+async def _counted_round(variant: str, where: str) -> None:
     """Inside callgrind: the setup, two warm rounds, then one round counted."""
     toggle = ctypes.CDLL(os.environ[_LIB_ENV]).toggle
-    bs, n = PROMOTE_BLOCK, PROMOTE_BATCH
-    keys = [b"promote-%08d" % i for i in range(N_KEYS)]
+    ssd = variant == "ssd"
+    bs, count = (SSD_BLOCK, SSD_KEYS) if ssd else (PROMOTE_BLOCK, N_KEYS)
+    n = PROMOTE_BATCH
+    keys = [b"promote-%08d" % i for i in range(count)]
     payload = random.Random(4).randbytes(bs)
     values = [k.rjust(24, b"-") + payload[24:] for k in keys]
-    batches = [keys[i : i + n] for i in range(0, N_KEYS, n)]
-    tier = MemoryTier(2 * N_KEYS * bs)
-    await tier.write_many(list(zip(keys, values, strict=True)))
+    batches = [keys[i : i + n] for i in range(0, count, n)]
+    tier: MemoryTier | SSDTier
+    if ssd:
+        tier = SSDTier(where, 2 * count * Geometry.slot_size_for(bs), block_size=bs)
+        await tier.open()
+        for at in range(0, count, n):
+            await tier.write_many(list(zip(keys[at : at + n], values[at : at + n], strict=True)))
+    else:
+        tier = MemoryTier(2 * count * bs)
+        await tier.write_many(list(zip(keys, values, strict=True)))
     engine: TieringEngine | BareEngine
     if variant.startswith("bare"):
+        assert isinstance(tier, MemoryTier)
         engine = BareEngine(PROMOTE_PRIMARY, bs, tier, inline=variant == "bare_inline")
     else:
         engine = TieringEngine(PrimaryTier(PROMOTE_PRIMARY, bs), [tier], max_promotion_share=1.0)
@@ -69,6 +86,8 @@ async def _counted_round(variant: str) -> None:
             toggle()
     if isinstance(engine, TieringEngine):
         await engine.aclose(flush=False)
+    if ssd:
+        await tier.aclose()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,12 +97,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.inside:
-        asyncio.run(_counted_round(args.variant))
+        with tempfile.TemporaryDirectory() as where:
+            asyncio.run(_counted_round(args.variant, where))
         return 0
-    run, instructions = counted_instructions(["aiotier_bench.promote_instructions", args.variant])
+    ssd = args.variant == "ssd"
+    run, instructions = counted_instructions(
+        ["aiotier_bench.promote_instructions", args.variant], main_thread_only=ssd
+    )
     if instructions is None:
         print(run.stdout, run.stderr[-2000:], file=sys.stderr)
         return 1
+    if ssd:
+        per_batch = instructions / (SSD_KEYS // PROMOTE_BATCH)
+        print(f"ssd_promote warm, the event loop's thread: {per_batch:,.0f} instructions per "
+              f"batch of {PROMOTE_BATCH} blocks of {SSD_BLOCK >> 10} KiB")  # fmt: skip
+        return 0
     print(f"memory_promote {args.variant}: {instructions / N_KEYS:,.0f} instructions per block "
           f"({N_KEYS} blocks in batches of {PROMOTE_BATCH})")  # fmt: skip
     return 0

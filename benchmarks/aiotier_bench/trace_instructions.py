@@ -25,6 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .trace_cases import COUNT_SHARE, COUNT_WINDOW
+
 __all__ = ["main"]
 
 _TOGGLE_C = "#include <valgrind/callgrind.h>\nvoid toggle(void) { CALLGRIND_TOGGLE_COLLECT; }\n"
@@ -39,30 +41,35 @@ def _build_toggle(where: Path) -> Path:
 
 
 def counted_instructions(
-    module_args: list[str],
+    module_args: list[str], *, main_thread_only: bool = False
 ) -> tuple[subprocess.CompletedProcess[str], int | None]:
     """Run ``python -m MODULE ARGS --inside`` under callgrind (collection off until the module
-    toggles it): the run, and the instructions counted (None if callgrind reported none)."""
+    toggles it): the run, and the instructions counted (None if callgrind reported none);
+    ``main_thread_only``: those of the main thread (the event loop's), not its helpers'."""
     with tempfile.TemporaryDirectory() as tmp:
         where = Path(tmp)
         out = where / "callgrind.out"
         env = {**os.environ, _LIB_ENV: str(_build_toggle(where)), "PYTHONHASHSEED": "0"}
+        threads = ["--separate-threads=yes"] if main_thread_only else []
         run = subprocess.run(
-            ["valgrind", "--tool=callgrind", "--collect-atstart=no",
+            ["valgrind", "--tool=callgrind", "--collect-atstart=no", *threads,
              f"--callgrind-out-file={out}", sys.executable, "-m", *module_args, "--inside"],
             env=env, capture_output=True, text=True, check=True,
         )  # fmt: skip
-        summary = subprocess.run(["callgrind_annotate", str(out)], capture_output=True,
+        counted = where / "callgrind.out-01" if main_thread_only else out
+        summary = subprocess.run(["callgrind_annotate", str(counted)], capture_output=True,
                                  text=True, check=True).stdout  # fmt: skip
     total = re.search(r"([\d,]+) \(100\.0%\)\s+PROGRAM TOTALS", summary)
     return run, None if total is None else int(total[1].replace(",", ""))
 
 
-def _replay_counted(who: str, policy: str, trace: str, admission: str) -> tuple[int, int]:
-    """Inside callgrind: the counted replay with collection on only inside the meter's
-    stretches. Returns (requests, hits)."""
+def _replay_counted(
+    who: str, policy: str, trace: str, admission: str, requests: int, share: float
+) -> tuple[int, int]:
+    """Inside callgrind: the first ``requests`` requests (0: all) at ``share`` of their unique
+    blocks, with collection on only inside the meter's stretches. Returns (requests, hits)."""
     from . import trace_replay
-    from .trace_cases import _counted, _engine_run, _vllm_run
+    from .trace_cases import _engine_run, _vllm_run
     from .traces import load_trace, shipped_traces
 
     toggle = ctypes.CDLL(os.environ[_LIB_ENV]).toggle
@@ -79,7 +86,9 @@ def _replay_counted(who: str, policy: str, trace: str, admission: str) -> tuple[
 
     meter.start, meter.stop = counted_start, counted_stop  # type: ignore[method-assign]
     paths = [p for p in shipped_traces() if p.stem.startswith(trace)] or [Path(trace)]
-    small, capacity = _counted(load_trace(paths[0], None))
+    whole = load_trace(paths[0], None)
+    small = whole.window(requests) if requests else whole
+    capacity = max(1, round(share * small.unique_blocks))
     if who == "vllm":
         result = asyncio.run(_vllm_run(small, capacity, policy))
     else:
@@ -94,15 +103,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("policy", help="lru, arc or lfuda (vLLM: lru or arc)")
     parser.add_argument("trace", help="a shipped trace's name (conversation, synthetic) or a file")
     parser.add_argument("--admission", default="all", help="aiotier's admission (default: all)")
+    parser.add_argument("--requests", type=int, default=COUNT_WINDOW,
+                        help=f"replay the first N requests (default {COUNT_WINDOW}: the trace "
+                        "case's counted window; 0: the whole trace)")  # fmt: skip
+    parser.add_argument("--share", type=float, default=COUNT_SHARE, help="capacity as a share "
+                        f"of their unique blocks (default {COUNT_SHARE})")  # fmt: skip
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.inside:
-        requests, hits = _replay_counted(args.who, args.policy, args.trace, args.admission)
+        requests, hits = _replay_counted(args.who, args.policy, args.trace, args.admission,
+                                         args.requests, args.share)  # fmt: skip
         print(f"requests={requests} hits={hits}")
         return 0
     run, instructions = counted_instructions(
         ["aiotier_bench.trace_instructions", args.who, args.policy, args.trace,
-         "--admission", args.admission]
+         "--admission", args.admission, "--requests", str(args.requests),
+         "--share", str(args.share)]
     )  # fmt: skip
     counts = re.search(r"requests=(\d+) hits=(\d+)", run.stdout)
     if counts is None or instructions is None:
@@ -111,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     requests, hits = int(counts[1]), int(counts[2])
     label = f"{args.who} {args.policy}" + (f" {args.admission}" if args.who == "aiotier" else "")
     print(f"{label} {args.trace}: {instructions / requests:,.0f} instructions per request "
-          f"({requests} requests, {hits} hit blocks)")  # fmt: skip
+          f"({requests} requests at {args.share:.0%} of their blocks, {hits} hits)")  # fmt: skip
     return 0
 
 
