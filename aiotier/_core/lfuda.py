@@ -87,15 +87,8 @@ class LFUDAPolicy(EvictionPolicy):
 
     def _stamp(self, slots: list[int], keys: list[bytes], count: int) -> None:
         """``slots`` (distinct, in no run) become the newest of priority ``age + count``."""
-        p = self._age + count
-        run = _Run(p, count, slots, keys)
-        bucket = self._buckets.get(p)
-        if bucket is None:
-            self._buckets[p] = {run: None}
-            if p < self._low:
-                self._low = p
-        else:
-            bucket[run] = None
+        run = _Run(self._age + count, count, slots, keys)
+        self._file(run)
         where = self._where
         for s in slots:
             where[s] = run
@@ -230,13 +223,18 @@ class LFUDAPolicy(EvictionPolicy):
         if not bucket:
             del self._buckets[p]
         run.p = q
-        into = self._buckets.get(q)
-        if into is None:
-            self._buckets[q] = {run: None}
-            if q < self._low:
-                self._low = q
+        self._file(run)
+
+    def _file(self, run: _Run) -> None:
+        """``run`` the newest of its priority's bucket (made when there is none)."""
+        p = run.p
+        bucket = self._buckets.get(p)
+        if bucket is None:
+            self._buckets[p] = {run: None}
+            if p < self._low:
+                self._low = p
         else:
-            into[run] = None
+            bucket[run] = None
 
     def remove(self, slot: int) -> None:
         self._unstamp(slot)
