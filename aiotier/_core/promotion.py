@@ -190,12 +190,7 @@ class Promotions:
             stats.primary_miss += n
             return True
         held = n - absent
-        if absent == 0:
-            if gather(state, slots).count(READY) != n:
-                return False
-            scan.results = [_HIT] * n
-            scan.protected = cast(list[int], slots)
-        elif slots.index(None) == held:  # a leading run is here (a prefix held in part)
+        if not absent or slots.index(None) == held:  # a leading run is here (a prefix, maybe whole)
             protected = cast(list[int], slots[:held])
             if gather(state, protected).count(READY) != held:
                 return False
