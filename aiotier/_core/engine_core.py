@@ -254,12 +254,10 @@ class EngineCore:
     def touch(self, ks: Iterable[bytes], *, first_use: bool = False) -> None:
         """Mark blocks used, in order (the last one the most recent); ``first_use`` counts each
         as its first use (ARC keeps it among the blocks seen once), not a further one."""
-        index = self.table.index
-        touch = self.table.refresh if first_use else self.table.touch
-        for k in ks:
-            slot = index.get(k)
-            if slot is not None:
-                touch(slot)
+        table = self.table
+        slots = [s for s in map(table.index.get, ks) if s is not None]
+        if slots:
+            (table.refresh_many if first_use else table.touch_many)(slots)
 
     # -- stores ----------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ hits 12% more than LRU at 5% of the blocks; ``docs/traces.md``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from .admission import FrequencySketch
 from .gather import gather
@@ -35,33 +35,33 @@ WINDOW = 2
 _SCAN = 16
 
 
-class _Run:
-    """Slots stamped into one bucket together (a batch of one count), in stamp order, with
-    their keys. A slot is in the run while the policy's ``_where[slot]`` is the run; one that
-    left it (used again, removed, evicted) stays in the lists until they are compacted."""
+class _Run(list[int]):
+    """Slots stamped into one bucket together (a batch of one count), in stamp order: the run
+    is that list, with its keys beside it. A slot is in the run while the policy's
+    ``_where[slot]`` is the run; one that left it (used again, removed, evicted) stays in the
+    lists until they are compacted."""
 
-    __slots__ = ("count", "keys", "live", "p", "slots")
+    __slots__ = ("freq", "keys", "live", "p")
+    __hash__ = object.__hash__  # type: ignore[assignment]  # a bucket holds runs by identity
 
-    def __init__(self, p: int, count: int, slots: list[int], keys: list[bytes]) -> None:
-        self.p = p
-        self.count = count
-        self.slots = slots
-        self.keys = keys
-        self.live = len(slots)
+    freq: int  # the count its slots were stamped with
+    keys: list[bytes]  # the key of each slot
+    live: int  # how many of its slots are still in it
+    p: int  # its priority: the bucket it is in
 
     def members(self, where: list[_Run | None]) -> list[int]:
         """Its slots still in it, in order."""
-        if self.live == len(self.slots):
-            return self.slots
-        return [s for s in self.slots if where[s] is self]
+        if self.live == len(self):
+            return self
+        return [s for s in self if where[s] is self]
 
     def key(self, slot: int) -> bytes:
-        return self.keys[self.slots.index(slot)]
+        return self.keys[self.index(slot)]
 
 
 class LFUDAPolicy(EvictionPolicy):
     """LFUDA over slots: one bucket per priority, each an ordered set of runs (the slots one
-    call stamped with one count, oldest first), so that a batch is stamped, refreshed and
+    call stamped with one count, oldest first), so that a batch is stamped, used, refreshed and
     evicted whole rather than slot by slot (priorities are small integers: no heap either).
 
     Eviction walks the buckets upwards from the lowest, each from its oldest run: the lowest
@@ -86,8 +86,10 @@ class LFUDAPolicy(EvictionPolicy):
         return self._age
 
     def _stamp(self, slots: list[int], keys: list[bytes], count: int) -> None:
-        """``slots`` (distinct, in no run) become the newest of priority ``age + count``."""
-        run = _Run(self._age + count, count, slots, keys)
+        """``slots`` (distinct, in no run) become the newest of priority ``age + count``; the
+        run copies ``slots`` and keeps ``keys`` itself (the caller gives it up)."""
+        run = _Run(slots)
+        run.p, run.freq, run.keys, run.live = self._age + count, count, keys, len(slots)
         self._file(run)
         where = self._where
         for s in slots:
@@ -105,18 +107,18 @@ class LFUDAPolicy(EvictionPolicy):
         run.live -= k
         if not run.live:
             self._drop(run)
-        elif run.live * 2 < len(run.slots):  # compacted once half are gone: O(1) amortised
+        elif run.live * 2 < len(run):  # compacted once half are gone: O(1) amortised
             where = self._where
-            kept = [(s, k) for s, k in zip(run.slots, run.keys, strict=True) if where[s] is run]
-            run.slots = [s for s, _ in kept]
-            run.keys = [k for _, k in kept]
+            kept = [i for i, s in enumerate(run) if where[s] is run]
+            run.keys = [run.keys[i] for i in kept]
+            run[:] = [run[i] for i in kept]
 
     def _unstamp(self, slot: int) -> tuple[bytes, int] | None:
         """Take ``slot`` out of its run: its key and count, or None if it is not resident."""
         run = self._where[slot]
         if run is None:
             return None
-        found = run.key(slot), run.count
+        found = run.key(slot), run.freq
         self._where[slot] = None
         self._left(run, 1)
         return found
@@ -139,9 +141,9 @@ class LFUDAPolicy(EvictionPolicy):
         if gather(self._where, slots).count(None) != len(slots):
             for slot in slots:
                 self._unstamp(slot)
-        self._stamp_grouped(list(slots), list(keys), counts)
+        self._stamp_grouped(slots, list(keys), counts)
 
-    def _stamp_grouped(self, slots: list[int], keys: list[bytes], counts: list[int]) -> None:
+    def _stamp_grouped(self, slots: list[int], keys: list[bytes], counts: Sequence[int]) -> None:
         """Stamp distinct slots in no run, in order, each at its count: a run per stretch of
         one count (a bucket takes them in the order one stamp each would have put them, and a
         refresh of the same slots in the same order moves the runs whole)."""
@@ -164,15 +166,31 @@ class LFUDAPolicy(EvictionPolicy):
         if found is not None:
             self._stamp([slot], [found[0]], found[1])
 
+    def touch_many(self, slots: list[int]) -> None:
+        runs = self._whole_runs(slots)
+        if runs is None:
+            self._again(slots, used=True)
+        elif len(runs) == 1:  # the common case: a prefix stamped together, used together
+            self._move_or_split(runs, self._sketch.increment_many(runs[0].keys))
+        else:
+            keys = [k for run in runs for k in run.keys]
+            self._move_or_split(runs, self._sketch.increment_many(keys))
+
     def refresh_many(self, slots: list[int]) -> None:
         runs = self._whole_runs(slots)
-        if runs is not None:  # batches insert_many stamped, still whole: moved whole
-            for whole in runs:
-                self._move(whole)
+        if runs is None:
+            self._again(slots, used=False)
             return
+        for whole in runs:  # batches insert_many stamped, still whole: moved whole
+            self._move(whole)
+
+    def _again(self, slots: list[int], *, used: bool) -> None:
+        """Stamp the resident ones of ``slots`` again, in order: at their key's count after one
+        more sighting (``used``: a touch) or at their own count (a refresh)."""
         if len(set(slots)) != len(slots):  # a slot twice: one at a time
+            again = self.touch if used else self.refresh
             for slot in slots:
-                self.refresh(slot)
+                again(slot)
             return
         kept: list[int] = []
         keys: list[bytes] = []
@@ -185,36 +203,54 @@ class LFUDAPolicy(EvictionPolicy):
                 continue
             of_run = found.get(run)
             if of_run is None:
-                of_run = found[run] = dict(zip(run.slots, run.keys, strict=True))
+                of_run = found[run] = dict(zip(run, run.keys, strict=True))
             kept.append(slot)
             keys.append(of_run[slot])
-            counts.append(run.count)
+            counts.append(run.freq)
             left.append(run)
+        if not kept:
+            return
         for slot, run in zip(kept, left, strict=True):
             where[slot] = None
             self._left(run, 1)
-        if kept:
-            self._stamp_grouped(kept, keys, counts)
+        if used:
+            counts = self._sketch.increment_many(keys)
+        self._stamp_grouped(kept, keys, counts)
+
+    def _move_or_split(self, runs: list[_Run], counts: Sequence[int]) -> None:
+        """Stamp ``runs`` (whole, in order) again at ``counts`` (their slots'): a run of one
+        count moved whole, one of several restamped a stretch at a time."""
+        i = 0
+        for run in runs:
+            j = i + run.live
+            part = counts[i:j]
+            if part.count(part[0]) == len(part):
+                run.freq = part[0]
+                self._move(run)
+            else:
+                self._drop(run)  # every slot of it restamped below
+                self._stamp_grouped(list(run), run.keys, part)
+            i = j
 
     def _whole_runs(self, slots: list[int]) -> list[_Run] | None:
         """The runs ``slots`` is made of, each whole and in its order, or None if it is not."""
         where, runs, i = self._where, [], 0
         while i < len(slots):
             run = where[slots[i]]
-            if run is None or run.live != len(run.slots):
+            if run is None or run.live != len(run):
                 return None
             j = i + run.live
-            if slots[i:j] != run.slots:
+            if slots[i:j] != run:
                 return None
             runs.append(run)
             i = j
-        if len(set(runs)) != len(runs):
+        if len(runs) > 1 and len(set(runs)) != len(runs):
             return None  # a run named twice
         return runs
 
     def _move(self, run: _Run) -> None:
         """``run`` becomes the newest of priority ``age + count``, whole."""
-        p, q = run.p, self._age + run.count
+        p, q = run.p, self._age + run.freq
         bucket = self._buckets[p]
         del bucket[run]
         if q == p:
@@ -295,8 +331,9 @@ class LFUDAPolicy(EvictionPolicy):
             for v in got:
                 where[v] = None
             k = len(got)
-            if k < run.live and run.slots[:k] == got:  # its oldest: cut off, the rest kept
-                run.slots, run.keys = run.slots[k:], run.keys[k:]
+            if k < run.live and run[:k] == got:  # its oldest: cut off, the rest kept
+                del run[:k]
+                del run.keys[:k]
                 run.live -= k
             else:
                 self._left(run, k)

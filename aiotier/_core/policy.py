@@ -79,6 +79,11 @@ class EvictionPolicy(ABC):
     def touch(self, slot: int) -> None:
         """``slot`` was used (again)."""
 
+    def touch_many(self, slots: list[int]) -> None:
+        """:meth:`touch` of each slot, in order (the last one the most recent)."""
+        for slot in slots:
+            self.touch(slot)
+
     def refresh(self, slot: int) -> None:  # noqa: B027 - optional hook
         """The first use of ``slot``'s block completes now (its store finished): the most
         recent in its place, without counting as a further use (ARC keeps it in T1)."""
@@ -197,6 +202,8 @@ class LRUPolicy(EvictionPolicy):
             prv[slot] = last
             nxt[slot] = s
             prv[s] = slot
+
+    touch_many = refresh_many  # touch is refresh: recency is all LRU knows
 
     def remove(self, slot: int) -> None:
         if self._next[slot] != self._nil:

@@ -282,6 +282,10 @@ class BlockTable:
         """The block in ``slot`` was used (for the eviction policy)."""
         self.policy.touch(slot)
 
+    def touch_many(self, slots: list[int]) -> None:
+        """:meth:`touch` of each slot, in order."""
+        self.policy.touch_many(slots)
+
     def refresh(self, slot: int) -> None:
         """The block in ``slot`` was just stored: its first use, not a further one."""
         self.policy.refresh(slot)

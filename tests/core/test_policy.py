@@ -174,8 +174,8 @@ def test_lfuda_ages_out_an_old_burst() -> None:
 
 
 OPS = st.lists(
-    st.tuples(st.sampled_from(["insert", "insert_many", "touch", "refresh", "refresh_many",
-                               "remove", "evict", "peek"]),
+    st.tuples(st.sampled_from(["insert", "insert_many", "touch", "touch_many", "refresh",
+                               "refresh_many", "remove", "evict", "peek"]),
               st.integers(0, 7), st.integers(1, 4), st.frozensets(st.integers(0, 7))),
     max_size=120,
 )  # fmt: skip
@@ -192,8 +192,8 @@ def test_policies_hold_exactly_their_resident_slots_and_never_evict_a_pinned_one
 ) -> None:
     """Random inserts, uses, removals and evictions with random pinned slots: the policy's order
     is always the resident set; evict returns n distinct unpinned residents (what candidates
-    named) or None with nothing changed; insert_many and refresh_many order as an insert or a
-    refresh of each slot does."""
+    named) or None with nothing changed; insert_many, touch_many and refresh_many order as an
+    insert, a touch or a refresh of each slot does."""
     policy = make_policy(name, 8)
     resident: set[int] = set()
     for op, slot, n, pinned in ops:
@@ -213,11 +213,12 @@ def test_policies_hold_exactly_their_resident_slots_and_never_evict_a_pinned_one
             policy.insert_many(fresh, [b"k%d" % s for s in fresh])
             resident.update(fresh)
             assert policy.order() == twin.order()
-        elif op == "refresh_many":
+        elif op in ("refresh_many", "touch_many"):
             twin = copy.deepcopy(policy)
+            one = op.removesuffix("_many")
             for s in sorted(pinned):  # resident or not: a slot it does not hold is ignored
-                twin.refresh(s)
-            policy.refresh_many(sorted(pinned))
+                getattr(twin, one)(s)
+            getattr(policy, op)(sorted(pinned))
             assert policy.order() == twin.order()
         elif op == "remove":
             policy.remove(slot)
@@ -309,8 +310,8 @@ class HeapLFUDA:
 
 @given(
     ops=st.lists(
-        st.tuples(st.sampled_from(["insert", "insert_many", "touch", "refresh", "refresh_many",
-                                   "remove", "evict", "peek"]),
+        st.tuples(st.sampled_from(["insert", "insert_many", "touch", "touch_many", "refresh",
+                                   "refresh_many", "remove", "evict", "peek"]),
                   st.lists(st.integers(0, 11), max_size=5), st.integers(0, 5),
                   st.frozensets(st.integers(0, 11), max_size=4)),
         max_size=150,
@@ -321,7 +322,8 @@ def test_lfuda_evicts_exactly_as_a_heap_of_priority_and_recency(
 ) -> None:
     """Victims, candidates, order and age match the heap-based reference under random use:
     slots inserted again while resident, batches of one count or several, refreshes after the
-    age moved, pinned slots skipped, with few keys (counts grow) over 12 slots."""
+    age moved, batches used again whole, in part or with a slot twice, pinned slots skipped, with
+    few keys (counts grow) over 12 slots."""
     lfu, ref = LFUDAPolicy(12), HeapLFUDA(12)
     for op, slots, n, pinned in ops:
         evictable = unpinned(pinned)
@@ -336,10 +338,10 @@ def test_lfuda_evicts_exactly_as_a_heap_of_priority_and_recency(
         elif op in ("touch", "refresh", "remove") and slots:
             getattr(lfu, op)(slots[0])
             getattr(ref, op)(slots[0])
-        elif op == "refresh_many":
-            lfu.refresh_many(slots)
+        elif op in ("refresh_many", "touch_many"):
+            getattr(lfu, op)(slots)
             for s in slots:
-                ref.refresh(s)
+                getattr(ref, op.removesuffix("_many"))(s)
         elif op == "peek":
             assert lfu.candidates(n, evictable) == ref.candidates(n, evictable)
         elif op == "evict":
@@ -368,7 +370,8 @@ class BatchEvictable:
 @pytest.mark.parametrize("name", ["lru", "arc", "lfuda"])
 @given(
     ops=st.lists(
-        st.tuples(st.sampled_from(["insert_many", "touch", "refresh_many", "remove", "evict"]),
+        st.tuples(st.sampled_from(["insert_many", "touch", "touch_many", "refresh_many", "remove",
+                                   "evict"]),
                   st.lists(st.integers(0, 15), max_size=8), st.integers(1, 9),
                   st.frozensets(st.integers(0, 15), max_size=6)),
         max_size=80,
@@ -392,9 +395,9 @@ def test_policies_choose_the_same_victims_with_batch_evictable_answers(
         elif op == "touch" and slots:
             batched.touch(slots[0])
             plain.touch(slots[0])
-        elif op == "refresh_many":
-            batched.refresh_many(slots)
-            plain.refresh_many(slots)
+        elif op in ("refresh_many", "touch_many"):
+            getattr(batched, op)(slots)
+            getattr(plain, op)(slots)
         elif op == "remove" and slots:
             batched.remove(slots[0])
             plain.remove(slots[0])
