@@ -51,6 +51,65 @@ def test_increment_many_is_increment_of_each(keys: list[bytes]) -> None:
     assert all(one.estimate(k) == other.estimate(k) for k in keys)
 
 
+class CountMin:
+    """The sketch's documented counts, cell by cell: four rows of ``width`` counters, a key's
+    cell in row ``i`` at ``(h + i * step) mod width`` from its hash ``h`` (``step``: bits 32 and
+    up of ``h``, odd), saturating at 255, every count halved once per ``window x width``
+    sightings (checked after each call: ``add`` of a batch halves at most once, after it)."""
+
+    def __init__(self, width: int, window: int) -> None:
+        self.width, self.sample, self.seen = width, window * width, 0
+        self.rows = [[0] * width for _ in range(4)]
+
+    def cells(self, key: bytes) -> list[int]:
+        h, w = hash(key), self.width
+        step = (h >> 32) % w | 1
+        return [(h + i * step) % w for i in range(4)]
+
+    def add(self, *keys: bytes) -> None:
+        """One sighting of each key; the halving, if due, after them all."""
+        for key in keys:
+            for row, cell in zip(self.rows, self.cells(key), strict=True):
+                row[cell] = min(row[cell] + 1, 255)
+        self.seen += len(keys)
+        if self.seen >= self.sample:
+            self.rows = [[c >> 1 for c in row] for row in self.rows]
+            self.seen //= 2
+
+    def estimate(self, key: bytes) -> int:
+        return min(row[c] for row, c in zip(self.rows, self.cells(key), strict=True))
+
+
+@given(st.lists(st.tuples(st.booleans(), st.lists(st.binary(max_size=2), max_size=40)),
+                max_size=12))  # fmt: skip
+def test_the_sketch_counts_as_a_count_min_of_four_rows(
+    batches: list[tuple[bool, list[bytes]]],
+) -> None:
+    """Batches added or incremented, in any mix, then estimated at once (the batch itself, and
+    keys of the batches before) count as the model does, through halvings (a window of 2 x 16
+    sightings) and saturation."""
+    sketch, model = FrequencySketch(16, window=2), CountMin(16, 2)
+    seen: list[bytes] = []
+    for by_increment, keys in batches:
+        if by_increment:
+            got = sketch.increment_many(keys)
+            want = []
+            for k in keys:
+                model.add(k)
+                want.append(model.estimate(k))
+            assert got == want
+        else:
+            sketch.add(keys)
+            model.add(*keys)
+        assert sketch.estimate_many(keys) == [model.estimate(k) for k in keys]
+        seen += keys
+        assert sketch.estimate_many(seen) == [model.estimate(k) for k in seen]
+        assert [sketch.estimate(k) for k in keys] == [model.estimate(k) for k in keys]
+    saturated = FrequencySketch(1 << 12, window=1000)
+    saturated.add([b"hot"] * 300)
+    assert saturated.estimate_many([b"hot", b"cold"]) == [255, 0]
+
+
 @given(
     st.lists(st.binary(max_size=1), max_size=60),
     st.lists(st.binary(max_size=1), max_size=20, unique=True),
