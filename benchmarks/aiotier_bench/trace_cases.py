@@ -61,6 +61,8 @@ COUNT_WINDOW = 300
 TIMED_REPEATS = 3
 BLOCK_SIZE = 16  # bytes: the replay moves no real KV data, so CI can run it
 OPTIMUM = "offline optimum: Belady with bypass, per block"
+#: The field of aiotier's vLLM adapter (LRU primary, admitting all) replayed through vLLM's calls.
+ADAPTER = "aiotier_vllm_adapter"
 
 
 def _note(msg: str) -> None:
@@ -85,6 +87,14 @@ async def _vllm_run(
 
     backend: ReplayBackend = VllmBackend(vllm_manager(capacity, policy))
     return await replay(trace, backend, count_calls=count_calls)
+
+
+async def _adapter_run(trace: Trace, capacity: int, count_calls: bool = False) -> ReplayResult:
+    """aiotier's vLLM adapter over an LRU primary, from a thread with no loop, as vLLM calls it."""
+    from .trace_vllm import adapter_replay
+
+    primary = PrimaryTier(capacity, BLOCK_SIZE, policy="lru")
+    return await asyncio.to_thread(adapter_replay, trace, primary, count_calls=count_calls)
 
 
 @contextmanager
@@ -127,15 +137,19 @@ def _figures(r: ReplayResult, counted: ReplayResult | None = None) -> dict[str, 
 
 async def trace_cases(path: str | Path, window: int | None) -> list[Case]:
     """Every case of one trace file (its first ``window`` requests; None: all of them)."""
-    from .trace_vllm import vllm_unavailable, vllm_version
+    from .trace_vllm import adapter_types, vllm_unavailable, vllm_version
 
     trace = await asyncio.to_thread(load_trace, path, window)  # file I/O off the loop
     missing = vllm_unavailable()  # imports vLLM where it can: before the heap is frozen
+    adapter_label = adapter_types()[2]
     with _frozen_heap():
-        return await _cases(trace, missing, None if missing else f"vLLM {vllm_version()}")
+        peer_label = None if missing else f"vLLM {vllm_version()}"
+        return await _cases(trace, missing, peer_label, adapter_label)
 
 
-async def _cases(trace: Trace, missing: str | None, peer_label: str | None) -> list[Case]:
+async def _cases(
+    trace: Trace, missing: str | None, peer_label: str | None, adapter_label: str
+) -> list[Case]:
     refs = list(trace.references())
     unique = len(set(refs))
     infinite = infinite_hits(trace) / len(refs)
@@ -153,6 +167,7 @@ async def _cases(trace: Trace, missing: str | None, peer_label: str | None) -> l
         for _ in range(TIMED_REPEATS):
             for p in peers:
                 runs.setdefault(p, []).append(await _vllm_run(trace, capacity, p))
+            runs.setdefault(ADAPTER, []).append(await _adapter_run(trace, capacity))
             for policy, admission in COMBINATIONS:
                 r = await _engine_run(trace, capacity, policy, admission)
                 runs.setdefault(f"{policy}/{admission}", []).append(r)
@@ -160,6 +175,9 @@ async def _cases(trace: Trace, missing: str | None, peer_label: str | None) -> l
         for p in peers:
             vc = await _vllm_run(small, small_capacity, p, count_calls=True) if count else None
             vllm[p] = _figures(_median(runs[p]), vc)
+        ac = await _adapter_run(small, small_capacity, count_calls=True) if count else None
+        adapter = {**_figures(_median(runs[ADAPTER]), ac), "policy": "lru", "admission": "all",
+                   "types": adapter_label}  # fmt: skip
         best = max(vllm, key=lambda p: vllm[p]["hit_ratio"]) if vllm else None
         lru = _median(runs["lru/all"]).hit_ratio  # the floor: LRU admitting every block
         for policy, admission in COMBINATIONS:
@@ -175,6 +193,7 @@ async def _cases(trace: Trace, missing: str | None, peer_label: str | None) -> l
                 "share_of_optimum": r.hit_ratio / optimum if optimum else None,
                 "deferrals": r.deferrals,
                 "store_failures": r.store_failures,
+                ADAPTER: adapter,
             }
             if count:
                 extra["calls_counted_on"] = {"requests": len(small.requests),

@@ -3,7 +3,8 @@ noise-free CPU figure of the ``trace`` case (µs medians move 10-30% between run
 machine; these counts move well under 1%).
 
 ``python -m aiotier_bench.trace_instructions aiotier arc conversation`` (or ``vllm lru
-synthetic``, ...) replays the counted window of the ``trace`` case (the first
+synthetic``, ``adapter lru conversation``: aiotier through its vLLM adapter, ...) replays the
+counted window of the ``trace`` case (the first
 ``COUNT_WINDOW`` requests at ``COUNT_SHARE`` of their unique blocks) under ``valgrind
 --tool=callgrind --collect-atstart=no`` and switches collection on only while the replay's
 meter runs, i.e. inside the calls into the cache that ``us_per_request`` times. The switch is
@@ -68,8 +69,11 @@ def _replay_counted(
 ) -> tuple[int, int]:
     """Inside callgrind: the first ``requests`` requests (0: all) at ``share`` of their unique
     blocks, with collection on only inside the meter's stretches. Returns (requests, hits)."""
+    from aiotier import PrimaryTier
+
     from . import trace_replay
-    from .trace_cases import _engine_run, _vllm_run
+    from .trace_cases import ADMISSIONS, BLOCK_SIZE, _engine_run, _vllm_run
+    from .trace_vllm import adapter_replay
     from .traces import load_trace, shipped_traces
 
     toggle = ctypes.CDLL(os.environ[_LIB_ENV]).toggle
@@ -92,6 +96,9 @@ def _replay_counted(
     capacity = max(1, round(share * small.unique_blocks))
     if who == "vllm":
         result = asyncio.run(_vllm_run(small, capacity, policy))
+    elif who == "adapter":  # vLLM's scheduler thread runs no loop: nor does this one
+        primary = PrimaryTier(capacity, BLOCK_SIZE, policy=policy)
+        result = adapter_replay(small, primary, ADMISSIONS[admission]())
     else:
         result = asyncio.run(_engine_run(small, capacity, policy, admission))
     return len(small.requests), result.hits
@@ -100,7 +107,9 @@ def _replay_counted(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m aiotier_bench.trace_instructions",
                                      description=__doc__.split("\n\n")[0])  # fmt: skip
-    parser.add_argument("who", choices=("aiotier", "vllm"))
+    parser.add_argument("who", choices=("aiotier", "adapter", "vllm"),
+                        help="aiotier's engine, its vLLM adapter (AiotierOffloadingManager) "
+                        "or vLLM's manager")  # fmt: skip
     parser.add_argument("policy", help="lru, arc or lfuda (vLLM: lru or arc)")
     parser.add_argument("trace", help="a shipped trace's name (conversation, synthetic) or a file")
     parser.add_argument("--admission", default="all", help="aiotier's admission (default: all)")
@@ -126,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         print(run.stdout, run.stderr[-2000:], file=sys.stderr)
         return 1
     requests, hits = int(counts[1]), int(counts[2])
-    label = f"{args.who} {args.policy}" + (f" {args.admission}" if args.who == "aiotier" else "")
+    label = f"{args.who} {args.policy}" + (f" {args.admission}" if args.who != "vllm" else "")
     print(f"{label} {args.trace}: {instructions / requests:,.0f} instructions per request "
           f"({requests} requests at {args.share:.0%} of their blocks, {hits} hits)")  # fmt: skip
     return 0

@@ -7,6 +7,12 @@ where ``HIT_PENDING`` and ``RETRY`` defer the request, ``prepare_load`` of the h
 
 Built only where vLLM imports (:func:`vllm_unavailable` says why not otherwise); nothing here
 makes up a figure for a manager that did not run.
+
+The same driver replays aiotier as a vLLM user runs it (:func:`adapter_replay`):
+:class:`~aiotier.integrations.vllm.AiotierOffloadingManager` over a
+:class:`~aiotier.BlockingEngine`, answering with vLLM's types where vLLM imports and with the
+adapter's stand-ins elsewhere. Its calls run, as in vLLM's scheduler, in a thread with no event
+loop.
 """
 
 from __future__ import annotations
@@ -15,11 +21,29 @@ import importlib
 import itertools
 import os
 import warnings
-from typing import Any
+from collections.abc import Coroutine, Sequence
+from types import ModuleType
+from typing import Any, TypeVar
 
-from .trace_replay import Admitted
+from aiotier import AdmissionPolicy, PrimaryTier, SecondaryTier
+from aiotier.integrations.vllm import AiotierOffloadingManager, VllmTypes
+from aiotier.integrations.vllm import types as stand_ins
 
-__all__ = ["VllmBackend", "tiering_manager", "vllm_manager", "vllm_unavailable", "vllm_version"]
+from .trace_replay import Admitted, ReplayResult, replay
+from .traces import Trace
+
+__all__ = [
+    "AdapterBackend",
+    "VllmBackend",
+    "adapter_replay",
+    "adapter_types",
+    "tiering_manager",
+    "vllm_manager",
+    "vllm_unavailable",
+    "vllm_version",
+]
+
+_T = TypeVar("_T")
 
 _regions = itertools.count()
 _MODULES = (
@@ -84,15 +108,27 @@ def tiering_manager(capacity: int, policy: str = "lru") -> Any:
     return _vllm(tiering, "TieringOffloadingManager")(primary, [secondary])
 
 
-class VllmBackend:
-    """Drives one of vLLM's ``OffloadingManager``\\ s."""
+def adapter_types() -> tuple[ModuleType, VllmTypes, str]:
+    """What the adapter's replay speaks: the module of the connector's types (``ReqContext``,
+    ``LookupResult``, ``ScheduleEndContext``), the adapter's :class:`VllmTypes` from it, and a
+    label. vLLM's where it imports, else the adapter's stand-ins."""
+    if vllm_unavailable() is None:
+        base = importlib.import_module("vllm.v1.kv_offload.base")
+        return base, VllmTypes.from_module(base), f"vLLM {vllm_version()}'s types"
+    return stand_ins, VllmTypes(), "the adapter's stand-in types (vLLM is not importable)"
 
-    def __init__(self, manager: Any) -> None:
-        base = "vllm.v1.kv_offload.base"
+
+class VllmBackend:
+    """Drives an ``OffloadingManager`` with the types of ``base`` (default: vLLM's
+    ``vllm.v1.kv_offload.base``)."""
+
+    def __init__(self, manager: Any, base: ModuleType | None = None) -> None:
+        if base is None:
+            base = importlib.import_module("vllm.v1.kv_offload.base")
         self.manager = manager
-        self._result = _vllm(base, "LookupResult")
-        self._req_context = _vllm(base, "ReqContext")
-        self._end = _vllm(base, "ScheduleEndContext")
+        self._result = base.LookupResult
+        self._req_context = base.ReqContext
+        self._end = base.ScheduleEndContext
         self._ctx: dict[str, Any] = {}
 
     def _req(self, req_id: str) -> Any:
@@ -153,3 +189,55 @@ class VllmBackend:
 
     async def between_steps(self, waiting: list[list[bytes]]) -> None:
         """vLLM's example tier completes its transfers at once: nothing to wait for."""
+
+
+class AdapterBackend(VllmBackend):
+    """aiotier's vLLM adapter, driven as vLLM's managers are; between steps the promotions the
+    deferred requests wait for land (a real step is long enough for a memory or local-disk
+    read)."""
+
+    manager: AiotierOffloadingManager
+
+    def __init__(
+        self, manager: AiotierOffloadingManager, base: ModuleType, *, settle_timeout: float = 10.0
+    ) -> None:
+        super().__init__(manager, base)
+        self.settle_timeout = settle_timeout
+
+    async def between_steps(self, waiting: list[list[bytes]]) -> None:
+        keys = [k for ks in waiting for k in ks]
+        if keys:  # from the replay's thread, which runs no loop (see adapter_replay)
+            self.manager.engine.wait(keys, timeout=self.settle_timeout)
+
+
+def adapter_replay(
+    trace: Trace,
+    primary: PrimaryTier,
+    admission: AdmissionPolicy | None = None,
+    below: Sequence[SecondaryTier] = (),
+    *,
+    count_calls: bool = False,
+) -> ReplayResult:
+    """Replay ``trace`` through a new adapter over ``primary`` (and ``below``), closed after.
+
+    Call it from a thread that runs no event loop (``asyncio.to_thread`` from a coroutine):
+    vLLM's scheduler calls the manager from plain threads, and the adapter's fast paths, like
+    :class:`~aiotier.BlockingEngine`'s, are taken only there."""
+    base, types, _ = adapter_types()
+    kwargs: dict[str, Any] = {} if admission is None else {"admission": {"primary": admission}}
+    manager = AiotierOffloadingManager.create(primary, below, types=types, **kwargs)
+    try:
+        return run_to_end(replay(trace, AdapterBackend(manager, base), count_calls=count_calls))
+    finally:
+        manager.shutdown()
+
+
+def run_to_end(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run a coroutine that never suspends (nothing it awaits waits for I/O) in this thread,
+    with no event loop; a coroutine that suspends is closed and named."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coro.close()
+    raise RuntimeError(f"{coro!r} suspended with no event loop to resume it")
