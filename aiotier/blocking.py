@@ -88,6 +88,7 @@ class BlockingEngine:
             self._portal_cm.__exit__(*sys.exc_info())
             raise
         self._hit_now = self.engine._now.hit  # the hot path: one bound method, no lookups
+        self._no_tiers = not self.engine.tiers
         _OPEN.add(self)
 
     async def _open(
@@ -153,9 +154,13 @@ class BlockingEngine:
         *,
         exclude_tier: SecondaryTier | str | None = None,
     ) -> LookupResult:
-        """:meth:`TieringEngine.lookup`; a primary hit answers in the caller's thread."""
-        if exclude_tier is None and _running_loop() is None and self._hit_now(key, req):
-            return _HIT
+        """:meth:`TieringEngine.lookup`; a primary hit, and any answer of an engine with no
+        secondary tier (nothing to await), answers in the caller's thread."""
+        if exclude_tier is None and _running_loop() is None:
+            if self._hit_now(key, req):
+                return _HIT
+            if self._no_tiers:
+                return self.engine._lookup_without_tiers(key, req)
         return self._call(self.engine.lookup, key, req, exclude_tier=exclude_tier)
 
     def lookup_prefix(

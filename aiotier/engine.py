@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any, Final, Unpack
+from typing import Any, Final, Literal, Unpack
 
 from opentelemetry.metrics import MeterProvider
 
@@ -277,16 +277,40 @@ class TieringEngine(CacheAPI):
         k = normalize_key(key)
         exclude = self._tier_index(exclude_tier)
         with self._guard.lock:
-            self._check_open()
-            rs = self._request(req)
-            if self._core.sightings:
-                self._core.saw([k])
-            self._core.expiry.check((k,))  # past its TTL: absent from here on
-            if self._core.table.ready_slot(k) is not None:  # a str key hits here
-                self._stats.primary_hit += 1
+            rs = self._lookup_begins(k, req)
+            if rs is _HIT:
                 return _HIT
         self._guard.check_loop()
         scan = await self._reads.scan([k], rs, exclude, prefix=False)
+        self._export.flush_if_full()
+        return scan.results[0]
+
+    def _lookup_begins(
+        self, k: bytes, req: RequestContext | None
+    ) -> RequestState | Literal[LookupResult.HIT] | None:
+        """(Under the lock.) ``lookup`` up to the scan: HIT, or the request's state."""
+        self._check_open()
+        rs = self._request(req)
+        if self._core.sightings:
+            self._core.saw([k])
+        self._core.expiry.check((k,))  # past its TTL: absent from here on
+        if self._core.table.ready_slot(k) is not None:  # a str key hits here
+            self._stats.primary_hit += 1
+            return _HIT
+        return rs
+
+    def _lookup_without_tiers(self, key: bytes | str, req: RequestContext | None) -> LookupResult:
+        """``lookup`` of an engine with no secondary tier, from any thread: no tier to ask and
+        no promotion to start, so the whole answer is one transition (nothing to await)."""
+        assert not self.tiers
+        k = normalize_key(key)
+        with self._guard.lock:
+            rs = self._lookup_begins(k, req)
+            if rs is _HIT:
+                return _HIT
+            promotions = self._core.promotions
+            scan = promotions.begin([k], rs, -1, prefix=False)
+            promotions.finish(scan, at_once=True)  # places nothing: there is no tier
         self._export.flush_if_full()
         return scan.results[0]
 

@@ -102,6 +102,7 @@ class AiotierOffloadingManager:
         tiers = engine.engine.tiers
         self._primary_name = primary.name
         self._tiers = kinds = TierKinds(tiers, types, media or {})
+        self._no_tiers = not tiers
         self._media: dict[str, Any] = {primary.name: types.primary_medium}
         for name, medium in kinds.medium.items():
             self._media[name] = medium if types.secondary_medium is None else types.secondary_medium
@@ -155,7 +156,8 @@ class AiotierOffloadingManager:
         exclude = self._excluded(req_context)
         if exclude is None:
             return self._primary_answer(k, rid)
-        if slot_state(self.engine, k) is InPrimary.READY:  # a hit answers on this thread
+        if self._no_tiers or slot_state(self.engine, k) is InPrimary.READY:
+            # a hit, or any answer with no tier to ask: on this thread (nothing to await)
             answer, tier = self.engine.lookup(k, _request(rid), exclude_tier=exclude or None), None
         else:
             answer, tier = self.engine.portal.call(self._lookup_on_loop, k, rid, exclude or None)
