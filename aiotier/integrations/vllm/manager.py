@@ -16,19 +16,19 @@ complete, whose pins go at ``on_reset_flushed``.
 from __future__ import annotations
 
 import threading
-from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from aiotier import BlockEvent, BlockingEngine, PrimaryTier, SecondaryTier
+from aiotier import BlockEvent, BlockingEngine, LoadSpec, PrimaryTier, SecondaryTier, StoreSpec
 from aiotier import LookupResult as TierAnswer
 
+from .held import add_one, remove_one
 from .keys import req_id as _req_id
 from .keys import request as _request
 from .keys import tier_keys as _tier_keys
 from .keys import to_tier_key
-from .primary_state import InPrimary, promoting_tier, promotions_by_tier, slot_state
+from .primary_state import InPrimary, promoting_tier, promotions_by_tier, slot_state, slot_states
 from .recency import RequestAccess, walk_tail_to_head
 from .stats import StatsTaker, tier_labels
 from .tier_kinds import TierKinds
@@ -38,6 +38,7 @@ from .types import (
     OffloadingEvent,
     OffloadKey,
     PrepareStoreOutput,
+    PrimaryLoadStoreSpec,
     RequestOffloadingContext,
     VllmTypes,
 )
@@ -53,8 +54,8 @@ CONFIG_INFO_KEYS = ("tier", "kind", "num_blocks", "block_size", "capacity_bytes"
 class _Request:
     """One request's loads and stores prepared and not completed yet, and what it used."""
 
-    loads: Counter[bytes] = field(default_factory=Counter)
-    stores: Counter[bytes] = field(default_factory=Counter)  # keys its prepare_store allocated
+    loads: dict[bytes, int] = field(default_factory=dict)  # key -> loads prepared (held.py)
+    stores: dict[bytes, int] = field(default_factory=dict)  # keys its prepare_store allocated
     access: RequestAccess = field(default_factory=RequestAccess)
     sources: dict[bytes, str] = field(default_factory=dict)  # key -> tier it is promoted from
     position: Callable[[bytes], int | None] | None = None
@@ -103,6 +104,10 @@ class AiotierOffloadingManager:
         self._primary_name = primary.name
         self._tiers = kinds = TierKinds(tiers, types, media or {})
         self._no_tiers = not tiers
+        spec_class = types.load_store_spec
+        self._lazy_views = isinstance(spec_class, type) and issubclass(
+            spec_class, PrimaryLoadStoreSpec
+        )
         self._media: dict[str, Any] = {primary.name: types.primary_medium}
         for name, medium in kinds.medium.items():
             self._media[name] = medium if types.secondary_medium is None else types.secondary_medium
@@ -115,7 +120,7 @@ class AiotierOffloadingManager:
         self._lock = threading.Lock()  # the manager's bookkeeping; never held across a call
         self._caller_lock = threading.Lock()  # :attr:`lock`
         self._requests: dict[str, _Request] = {}
-        self._storing: Counter[bytes] = Counter()  # keys with a store prepared, not completed
+        self._storing: dict[bytes, int] = {}  # keys with a store prepared, not completed
         self._finished: list[str] = []  # finished and idle: told to the engine at the next step
         self._events: list[Any] = []  # vLLM's events due before the engine's next ones
         self._allocation_sizes: list[int] = []
@@ -153,7 +158,7 @@ class AiotierOffloadingManager:
         answered yet). After a reset, until ``on_reset_flushed``, only the primary is asked."""
         k = to_tier_key(key)
         rid = _req_id(req_context)
-        exclude = self._excluded(req_context)
+        exclude = "" if self._no_tiers else self._excluded(req_context)
         if exclude is None:
             return self._primary_answer(k, rid)
         if self._no_tiers or slot_state(self.engine, k) is InPrimary.READY:
@@ -253,10 +258,10 @@ class AiotierOffloadingManager:
         spec = self.engine.prepare_load(ks, _request(rid))
         with self._lock:
             state = self._request_state(rid, req_context)
-            state.loads.update(ks)
+            add_one(state.loads, ks)
             if rid:
                 state.access.saw(ks, reused=ks)
-        return cast(LoadStoreSpec, self.types.load_store_spec(spec.block_ids, spec.buffers))
+        return cast(LoadStoreSpec, self._spec(spec))
 
     def touch(self, keys: Collection[OffloadKey | bytes], req_context: Any = None) -> None:
         """Mark the blocks recently used, the first one the most recent (vLLM's policies walk
@@ -272,8 +277,7 @@ class AiotierOffloadingManager:
         with self._lock:
             state = self._requests.get(rid)
             if state is not None:
-                state.loads.subtract(ks)
-                state.loads = +state.loads
+                remove_one(state.loads, ks)
                 self._settle(rid, state)
 
     # -- stores --------------------------------------------------------------------------------
@@ -285,31 +289,36 @@ class AiotierOffloadingManager:
         eviction); ``None``, with nothing changed, when every block is pinned."""
         ks = _tier_keys(keys)
         rid = _req_id(req_context)
-        states = {k: slot_state(self.engine, k) for k in ks}
+        states = slot_states(self.engine, ks)  # before the store changes them
         out = self.engine.prepare_store(ks, _request(rid))
-        new = [k for k, s in states.items() if s is None]
+        absent = states.count(None)
         with self._lock:
-            if new:
-                self._allocation_sizes.append(len(new) if out is None else len(out.keys_to_store))
+            if absent:
+                self._allocation_sizes.append(
+                    len({k for k, s in zip(ks, states, strict=True) if s is None})
+                    if out is None
+                    else len(out.keys_to_store)
+                )
             state = self._request_state(rid, req_context)
             if rid:
-                ready = [k for k, s in states.items() if s is InPrimary.READY]
-                state.access.saw(
-                    [k for k in ks if states[k] in (None, InPrimary.READY)],
-                    inserted=() if out is None else out.keys_to_store,
-                    reused=ready,
-                )
+                inserted = () if out is None else out.keys_to_store
+                if absent == len(ks):
+                    state.access.saw(ks, inserted=inserted)
+                else:
+                    ready = [k for k, s in zip(ks, states, strict=True) if s is InPrimary.READY]
+                    seen = [k for k, s in zip(ks, states, strict=True)
+                            if s is None or s is InPrimary.READY]  # fmt: skip
+                    state.access.saw(seen, inserted=inserted, reused=ready)
             if out is None:
                 self._settle(rid, state)
                 return None
-            state.stores.update(out.keys_to_store)
-            self._storing.update(out.keys_to_store)
-        spec = self.types.load_store_spec(out.store_spec.block_ids, out.store_spec.buffers)
+            add_one(state.stores, out.keys_to_store)
+            add_one(self._storing, out.keys_to_store)
         return cast(
             PrepareStoreOutput,
             self.types.prepare_store_output(
                 keys_to_store=list(out.keys_to_store),
-                store_spec=spec,
+                store_spec=self._spec(out.store_spec),
                 evicted_keys=list(out.evicted_keys),
             ),
         )
@@ -326,7 +335,8 @@ class AiotierOffloadingManager:
         rid = _req_id(req_context)
         with self._lock:
             state = self._requests.get(rid)
-            mine = [k for k in dict.fromkeys(ks) if state is not None and state.stores[k] > 0]
+            mine = [] if state is None else list(filter(state.stores.__contains__,
+                                                        dict.fromkeys(ks)))  # fmt: skip
         if not mine:
             return
         freed = (
@@ -346,10 +356,8 @@ class AiotierOffloadingManager:
                     )
                 )
             assert state is not None
-            state.stores.subtract(mine)
-            state.stores = +state.stores
-            self._storing.subtract(mine)
-            self._storing = +self._storing
+            remove_one(state.stores, mine)
+            remove_one(self._storing, mine)
             self._settle(rid, state)
 
     # -- request lifecycle and the step boundary ----------------------------------------------
@@ -500,6 +508,14 @@ class AiotierOffloadingManager:
             locality=self._tiers.locality.get(ev.tier),
             ownership=ev.tier,
         )
+
+    def _spec(self, spec: LoadSpec | StoreSpec) -> Any:
+        """vLLM's spec of aiotier's: the stand-in's views are made when its ``buffers`` is
+        read (vLLM's workers address slots by id and never read them)."""
+        if self._lazy_views:
+            made_on_read = cast(type[PrimaryLoadStoreSpec], self.types.load_store_spec)
+            return made_on_read(spec.block_ids, spec)
+        return self.types.load_store_spec(spec.block_ids, spec.buffers)
 
     def _request_state(self, rid: str, req_context: Any = None) -> _Request:
         """(Under the lock.) The request's record, made at its first prepare."""

@@ -9,12 +9,13 @@ documented as safe to read) and change nothing.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from enum import Enum
 
 from aiotier import BlockingEngine
 from aiotier._core.table import PENDING, PROMOTING, READY
 
-__all__ = ["InPrimary", "promoting_tier", "promotions_by_tier", "slot_state"]
+__all__ = ["InPrimary", "promoting_tier", "promotions_by_tier", "slot_state", "slot_states"]
 
 
 class InPrimary(Enum):
@@ -35,6 +36,16 @@ def slot_state(engine: BlockingEngine, key: bytes) -> InPrimary | None:
     table = engine.engine.core.table
     slot = table.index.get(key)
     return None if slot is None else _STATES.get(table.state[slot])
+
+
+def slot_states(engine: BlockingEngine, keys: Sequence[bytes]) -> list[InPrimary | None]:
+    """:func:`slot_state` of each of ``keys`` (none in the primary: one C-level pass)."""
+    table = engine.engine.core.table
+    slots = list(map(table.index.get, keys))
+    if slots.count(None) == len(slots):
+        return slots  # type: ignore[return-value]  # all None
+    state = table.state
+    return [None if s is None else _STATES.get(state[s]) for s in slots]
 
 
 def promoting_tier(engine: BlockingEngine, key: bytes) -> str | None:

@@ -12,37 +12,47 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import cast
 
 __all__ = ["RequestAccess", "walk_tail_to_head"]
+
+_GROUP_BYTES = itemgetter(slice(-4, None))
 
 
 @dataclass(slots=True)
 class RequestAccess:
-    """The keys one request used, in the order first seen, per KV-cache group."""
+    """The keys one request used, in the order first seen."""
 
-    groups: dict[int, list[bytes]] = field(default_factory=dict)
-    seen: set[bytes] = field(default_factory=set)
+    order: dict[bytes, None] = field(default_factory=dict)
     inserted: set[bytes] = field(default_factory=set)
     reused: set[bytes] = field(default_factory=set)
 
     def saw(
-        self, keys: Iterable[bytes], *, inserted: Iterable[bytes] = (), reused: Iterable[bytes] = ()
+        self,
+        keys: Iterable[bytes],
+        *,
+        inserted: Iterable[bytes] = (),
+        reused: Iterable[bytes] = (),
     ) -> None:
-        for k in keys:
-            if k not in self.seen:
-                self.seen.add(k)
-                self.groups.setdefault(_group(k), []).append(k)
-        self.inserted.update(inserted)
-        # reading a block this request inserted is its own transfer, not a second use
-        self.reused.update(k for k in reused if k not in self.inserted)
+        self.order.update(dict.fromkeys(keys))  # a key seen before keeps its place
+        if inserted:
+            self.inserted.update(inserted)
+        if reused:
+            # reading a block this request inserted is its own transfer, not a second use
+            self.reused.update(set(reused).difference(self.inserted))
 
     def head_to_tail(self, position: Callable[[bytes], int | None] | None) -> list[bytes]:
-        """Every key, groups in index order; by token position when each key has one."""
-        keys = [k for g in sorted(self.groups) for k in self.groups[g]]
-        if position is not None:
-            positions = {k: p for k in keys if (p := position(k)) is not None}
-            if len(positions) == len(keys):
-                keys.sort(key=positions.__getitem__)
+        """Every key, groups in index order (each in the order first seen); by token position
+        when each key has one."""
+        keys = list(self.order)
+        if len(set(map(_GROUP_BYTES, keys))) > 1:  # keys with one last 4 bytes: one group
+            keys.sort(key=_group)  # stable: first seen first within a group
+        if position is not None and keys and position(keys[0]) is not None:
+            positions = list(map(position, keys))
+            if None not in positions:
+                by_key = dict(zip(keys, cast(list[int], positions), strict=True))
+                keys.sort(key=by_key.__getitem__)
         return keys
 
 
@@ -54,18 +64,25 @@ def walk_tail_to_head(
     """Call ``touch(run, first_use)`` over the request's keys from tail to head, one call per
     run of keys of the same kind: reused (a further use) or not (inserted, or offered while
     absent: their recency alone)."""
-    run: list[bytes] = []
-    first_use = False
-    for k in reversed(access.head_to_tail(position)):
-        fresh = k not in access.reused
-        if run and fresh != first_use:
-            touch(run, first_use)
-            run = []
-        first_use = fresh
-        run.append(k)
-    if run:
-        touch(run, first_use)
+    keys = access.head_to_tail(position)
+    keys.reverse()
+    if not keys:
+        return
+    if not access.reused:
+        touch(keys, True)
+        return
+    reused = list(map(access.reused.__contains__, keys))
+    start, n = 0, len(keys)
+    while start < n:
+        kind = reused[start]
+        try:
+            end = reused.index(not kind, start)
+        except ValueError:
+            end = n
+        touch(keys[start:end], not kind)
+        start = end
 
 
 def _group(key: bytes) -> int:
+    """A key's KV-cache group: its last 4 bytes, big-endian (0 for a shorter key)."""
     return int.from_bytes(key[-4:], "big") if len(key) >= 4 else 0

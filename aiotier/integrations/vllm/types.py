@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, auto
 from types import ModuleType
-from typing import Any, ClassVar, NamedTuple, NewType, TypeVar
+from typing import Any, ClassVar, NamedTuple, NewType, Protocol, TypeVar
 
 __all__ = [
     "CacheHitSource",
@@ -181,21 +181,60 @@ class LoadStoreSpec:
     """vLLM's base class of the metadata a worker needs to move blocks."""
 
 
-@dataclass(frozen=True)
+class _MadeOnRead(Protocol):
+    """aiotier's ``LoadSpec``/``StoreSpec``: views made when ``buffers`` is first read."""
+
+    @property
+    def buffers(self) -> tuple[memoryview, ...]: ...
+
+
 class PrimaryLoadStoreSpec(LoadStoreSpec):
     """Blocks in aiotier's primary arena: slot ids and zero-copy views of their bytes.
 
     From ``prepare_load`` the views are read-only and hold exactly the stored bytes; from
     ``prepare_store`` they are writable and ``block_size`` bytes long. The views live in the
-    scheduler's process: a worker in the same process copies through them. Pickled (to a worker
-    process) a spec keeps its ``block_ids`` alone (``buffers`` is empty there): the worker
-    reaches the slots through :class:`~aiotier.SharedArena`.
+    scheduler's process, and are made when ``buffers`` is first read (a worker that addresses
+    slots by id never pays for them): a worker in the same process copies through them.
+    Pickled (to a worker process) a spec keeps its ``block_ids`` alone (``buffers`` is empty
+    there): the worker reaches the slots through :class:`~aiotier.SharedArena`. Read-only, and
+    equal to a spec of the same class with the same ids and views.
     """
 
-    block_ids: tuple[int, ...]
-    buffers: tuple[memoryview, ...]
+    __slots__ = ("_ids", "_views")
+    _ids: tuple[int, ...]
+    _views: tuple[memoryview, ...] | _MadeOnRead
     #: vLLM's ``LoadStoreSpec`` when this class also derives from it (``VllmTypes.from_module``)
     _vllm_base: ClassVar[type | None] = None
+
+    def __init__(
+        self, block_ids: tuple[int, ...], buffers: tuple[memoryview, ...] | _MadeOnRead
+    ) -> None:
+        object.__setattr__(self, "_ids", tuple(block_ids))
+        object.__setattr__(self, "_views", buffers)
+
+    @property
+    def block_ids(self) -> tuple[int, ...]:
+        return self._ids
+
+    @property
+    def buffers(self) -> tuple[memoryview, ...]:
+        views = self._views
+        return views if isinstance(views, tuple) else views.buffers
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is read-only")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, PrimaryLoadStoreSpec)
+        return self._ids == other._ids and self.buffers == other.buffers
+
+    def __hash__(self) -> int:
+        return hash((self._ids, self.buffers))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(block_ids={self._ids!r}, buffers={self.buffers!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuilt_spec, (self._vllm_base, self.block_ids))
