@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import cast
 
 from aiotier import RequestContext
 
 __all__ = ["req_id", "request", "tier_keys", "to_tier_key"]
+
+_BYTES = frozenset({bytes})
 
 
 def to_tier_key(key: object) -> bytes:
@@ -26,7 +29,7 @@ def tier_keys(keys: Iterable[object]) -> list[bytes]:
     if isinstance(keys, bytes | bytearray | memoryview | str):
         raise TypeError("keys must be a collection of block keys, not a single key")
     ks = keys if type(keys) is list else list(keys)
-    if all(type(k) is bytes for k in ks):
+    if _BYTES.issuperset(map(type, ks)):  # one C-level pass
         return cast(list[bytes], ks)
     return [to_tier_key(k) for k in ks]
 
@@ -46,4 +49,9 @@ def req_id(req_context: object) -> str:
 
 def request(rid: str) -> RequestContext | None:
     """aiotier's request for a vLLM request id (None: an anonymous call)."""
-    return RequestContext(rid) if rid else None
+    return _context(rid) if rid else None
+
+
+#: The contexts of the requests called about lately: equal contexts are interchangeable, and a
+#: request's calls come close together.
+_context = functools.lru_cache(maxsize=1024)(RequestContext)

@@ -498,9 +498,10 @@ class AiotierOffloadingManager:
             self._events.extend(converted)
 
     def _event(self, ev: BlockEvent) -> Any:
-        if ev.tier == self._primary_name:
+        if ev.tier == self._primary_name:  # fields every vLLM's event has: no filtering
             medium = self._media[ev.tier]
-            return self.types.event(keys=list(ev.keys), medium=medium, removed=ev.removed)
+            event = self.types.offloading_event
+            return event(keys=list(ev.keys), medium=medium, removed=ev.removed)
         return self.types.event(
             keys=list(ev.keys),
             medium=self._media.get(ev.tier, ev.tier),
