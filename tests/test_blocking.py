@@ -99,6 +99,35 @@ def test_a_hit_needs_no_thread_hop() -> None:
         assert hit_took < 0.25 < time.monotonic() - started
 
 
+def test_with_no_tier_below_every_lookup_answers_without_the_loop() -> None:
+    """No tier to ask and no promotion to start: a miss, and a RETRY for a store in flight,
+    answer in the caller's thread too, counted as the loop would count them."""
+    with BlockingEngine(PrimaryTier(4, 16)) as e:
+        out = e.prepare_store([b"pending"], R1)
+        assert out is not None
+        busy, release = threading.Event(), threading.Event()
+
+        def block_the_loop() -> None:
+            busy.set()
+            release.wait(30)
+
+        e.portal.start_task_soon(_run_sync, block_the_loop)
+        assert busy.wait(5)
+        answers: list[LookupResult] = []
+        asking = threading.Thread(
+            target=lambda: answers.extend([e.lookup(b"absent", R1), e.lookup(b"pending", R1)])
+        )
+        asking.start()
+        asking.join(10)
+        release.set()
+        assert not asking.is_alive(), "a lookup waited for the engine's loop"
+        assert answers == [MISS, RETRY]
+        e.complete_store([b"pending"], R1)
+        lookups = {k[2]: n for k, n in e.stats().counters.items() if k[0] == "lookups"}
+        assert lookups == {"miss": 1, "retry": 1}
+        assert e.lookup(b"pending", R1) is HIT
+
+
 async def _run_sync(fn: Callable[[], None]) -> None:
     fn()
 

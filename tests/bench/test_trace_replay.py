@@ -21,6 +21,7 @@ from aiotier_bench.trace_cases import ADMISSIONS, COMBINATIONS
 from aiotier_bench.trace_engine import EngineBackend
 from aiotier_bench.trace_optimum import infinite_hits, optimum_hits, prefix_optimum_hits
 from aiotier_bench.trace_replay import ReplayResult, replay
+from aiotier_bench.trace_vllm import adapter_replay
 from aiotier_bench.traces import Trace, TraceError, TraceRequest, load_trace, shipped_traces
 
 
@@ -75,6 +76,26 @@ async def test_a_store_that_cannot_fit_is_counted_and_stores_nothing() -> None:
     trace = trace_of((0, [1, 2, 3]), (1000, [1, 2, 3]))
     r = await replay_engine(trace, 2)
     assert (r.hits, r.store_failures) == (0, 2)
+
+
+def test_the_vllm_adapter_replays_through_vllms_calls_and_refreshes_at_finish() -> None:
+    # HAND at 4 blocks as vLLM's own managers replay it (tests/bench/test_trace_vllm_peer.py):
+    # a finished request's blocks are refreshed tail first, so 1 and 2 outlive 3 and 4 through
+    # the step that stores 5 and 6, and both later requests hit them (the engine replay, which
+    # refreshes loads at admission: 4)
+    primary = PrimaryTier(4, 16)
+    r = adapter_replay(HAND, primary)
+    assert (r.hits, r.deferrals, r.store_failures, r.steps) == (6, 0, 0, 6)
+    r = adapter_replay(trace_of((0, [1, 2]), (10, [1, 3])), PrimaryTier(8, 16))
+    assert (r.hits, r.deferrals, r.steps) == (1, 1, 3)  # HIT_PENDING defers, as RETRY does
+    r = adapter_replay(trace_of((0, [1, 2, 3]), (1000, [1, 2, 3])), PrimaryTier(2, 16))
+    assert (r.hits, r.store_failures) == (0, 2)
+
+
+async def test_the_vllm_adapter_refuses_to_replay_on_a_running_loop() -> None:
+    # vLLM's scheduler has no loop; a BlockingEngine refuses to block one
+    with pytest.raises(RuntimeError, match="running event loop"):
+        adapter_replay(HAND, PrimaryTier(4, 16))
 
 
 def test_infinite_cache_counts_up_to_each_requests_first_miss() -> None:
@@ -240,7 +261,12 @@ def test_bench_trace_file_writes_the_documented_cases(tmp_path: Path) -> None:
         )
         assert c["us_per_request"] > 0
         assert c["peer"] is None and "not importable" in c["vllm"]
+        adapter = c["aiotier_vllm_adapter"]  # runs without vLLM, on the adapter's stand-ins
+        assert (adapter["policy"], adapter["admission"]) == ("lru", "all")
+        assert "stand-in" in adapter["types"] and adapter["us_per_request"] > 0
+        assert 0 <= adapter["hit_ratio"] <= c["optimum_hit_ratio"]
         if c["params"]["capacity_share"] == 0.05:
             assert c["python_calls_per_request"] > 0
+            assert adapter["python_calls_per_request"] > 0
     (tiered,) = [c for c in doc["cases"] if c["name"] == "trace_tiered"]
     assert tiered["tiers"]["memory"]["write_bytes"] > 0

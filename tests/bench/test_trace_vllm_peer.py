@@ -8,14 +8,23 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 from pathlib import Path
 
 import pytest
 
+from aiotier import PrimaryTier
 from aiotier_bench.trace_cases import COMBINATIONS, trace_cases
 from aiotier_bench.trace_optimum import optimum_hits
 from aiotier_bench.trace_replay import replay
-from aiotier_bench.trace_vllm import VllmBackend, tiering_manager, vllm_manager, vllm_unavailable
+from aiotier_bench.trace_vllm import (
+    VllmBackend,
+    adapter_replay,
+    adapter_types,
+    tiering_manager,
+    vllm_manager,
+    vllm_unavailable,
+)
 from aiotier_bench.traces import Trace, TraceRequest
 
 _missing = vllm_unavailable()
@@ -61,6 +70,25 @@ def test_vllms_tiering_manager_promotes_from_its_example_tier() -> None:
     assert asyncio.run(run()) == (2, 1)
 
 
+@pytest.mark.parametrize("capacity", [3, 8, 20, 60])
+def test_the_adapter_hits_what_vllms_lru_manager_hits(capacity: int) -> None:
+    # both refresh a request's blocks tail first when it finishes: every replay agrees exactly
+    rng = random.Random(capacity)
+    requests = []
+    for i in range(150):  # shared prefixes of random length, private tails, mixed lengths
+        prefix = list(range(rng.choice((0, 100, 200, 300)), 0, -1))[: rng.randrange(0, 12)]
+        tail = [1000 + 10 * i + j for j in range(rng.randrange(1, 6))]
+        requests.append(TraceRequest(250.0 * i, rng.randrange(1, 8), tuple(prefix + tail)))
+    trace = Trace("random", tuple(requests))
+    base, _, label = adapter_types()
+    assert label.startswith("vLLM ") and base.__name__ == "vllm.v1.kv_offload.base"
+    adapter = adapter_replay(trace, PrimaryTier(capacity, 16))
+    vllm = asyncio.run(replay(trace, VllmBackend(vllm_manager(capacity, "lru"))))
+    assert adapter.hits > 0
+    assert (adapter.hits, adapter.deferrals, adapter.store_failures, adapter.steps) == (
+        vllm.hits, vllm.deferrals, vllm.store_failures, vllm.steps)  # fmt: skip
+
+
 def test_the_trace_cases_carry_vllms_figures_as_the_peer(tmp_path: Path) -> None:
     f = tmp_path / "tiny.jsonl"
     f.write_text("".join(
@@ -76,6 +104,9 @@ def test_the_trace_cases_carry_vllms_figures_as_the_peer(tmp_path: Path) -> None
         assert c.peer.value == max(v["hit_ratio"] for v in c.extra["vllm"].values())
         assert c.peer.value <= c.extra["optimum_hit_ratio"]
         assert c.extra["peer_us_per_request"] > 0
+        adapter = c.extra["aiotier_vllm_adapter"]
+        assert adapter["types"].startswith("vLLM ")
+        assert adapter["hit_ratio"] == c.extra["vllm"]["lru"]["hit_ratio"]
     (tiered,) = [c for c in cases if c.name == "trace_tiered"]
     assert tiered.peer is not None and "TieringOffloadingManager" in tiered.peer.name
     assert tiered.extra["peer_us_per_request"] > 0
