@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from aiotier import BlockEvent, BlockingEngine, LoadSpec, PrimaryTier, SecondaryTier, StoreSpec
 from aiotier import LookupResult as TierAnswer
@@ -114,9 +114,11 @@ class AiotierOffloadingManager:
         self._media.update(media or {})
         self.enable_events = enable_events
         self.owns_engine = owns_engine
-        result = types.lookup_result
-        self._miss, self._hit = result.MISS, result.HIT
-        self._hit_pending, self._retry = result.HIT_PENDING, result.RETRY
+        result = types.lookup_result  # vLLM's enum or the stand-in: typed as the stand-in
+        self._miss: LookupResult = result.MISS
+        self._hit: LookupResult = result.HIT
+        self._hit_pending: LookupResult = result.HIT_PENDING
+        self._retry: LookupResult = result.RETRY
         self._lock = threading.Lock()  # the manager's bookkeeping; never held across a call
         self._caller_lock = threading.Lock()  # :attr:`lock`
         self._requests: dict[str, _Request] = {}
@@ -167,21 +169,21 @@ class AiotierOffloadingManager:
         else:
             answer, tier = self.engine.portal.call(self._lookup_on_loop, k, rid, exclude or None)
         if answer is TierAnswer.HIT:
-            return cast(LookupResult, self._hit)
+            return self._hit
         if answer is TierAnswer.MISS:
-            return cast(LookupResult, self._miss)
+            return self._miss
         if tier is not None and rid:
             with self._lock:
                 self._request_state(rid).sources[k] = tier
         state = slot_state(self.engine, k)
         if state is InPrimary.PROMOTING or state is InPrimary.STORING:
-            return cast(LookupResult, self._hit_pending)
+            return self._hit_pending
         if state is InPrimary.READY:
             # its promotion landed meanwhile, or bytes on their way down were put back: either
             # may have evicted a block an earlier lookup of this scan answered HIT, so the
             # scheduler asks again (a HIT then) rather than loading a prefix no longer all there
-            return cast(LookupResult, self._hit_pending)
-        return cast(LookupResult, self._retry)
+            return self._hit_pending
+        return self._retry
 
     def get_load_source(self, key: OffloadKey | bytes, req_context: Any = None) -> Any:
         """Where a hit came from: the tier its promotion read (``HOST`` for memory, ``DISK``
@@ -232,11 +234,11 @@ class AiotierOffloadingManager:
         state = slot_state(self.engine, k)
         if state is InPrimary.READY:
             if self.engine.lookup(k, _request(rid)) is TierAnswer.HIT:
-                return cast(LookupResult, self._hit)
-            return cast(LookupResult, self._miss)
+                return self._hit
+            return self._miss
         if state is None:
-            return cast(LookupResult, self._miss)
-        return cast(LookupResult, self._hit_pending)
+            return self._miss
+        return self._hit_pending
 
     async def _lookup_on_loop(
         self, k: bytes, rid: str, exclude: str | None
@@ -261,7 +263,7 @@ class AiotierOffloadingManager:
             add_one(state.loads, ks)
             if rid:
                 state.access.saw(ks, reused=ks)
-        return cast(LoadStoreSpec, self._spec(spec))
+        return self._spec(spec)
 
     def touch(self, keys: Collection[OffloadKey | bytes], req_context: Any = None) -> None:
         """Mark the blocks recently used, the first one the most recent (vLLM's policies walk
@@ -314,14 +316,12 @@ class AiotierOffloadingManager:
                 return None
             add_one(state.stores, out.keys_to_store)
             add_one(self._storing, out.keys_to_store)
-        return cast(
-            PrepareStoreOutput,
-            self.types.prepare_store_output(
-                keys_to_store=list(out.keys_to_store),
-                store_spec=self._spec(out.store_spec),
-                evicted_keys=list(out.evicted_keys),
-            ),
+        output: PrepareStoreOutput = self.types.prepare_store_output(
+            keys_to_store=list(out.keys_to_store),
+            store_spec=self._spec(out.store_spec),
+            evicted_keys=list(out.evicted_keys),
         )
+        return output
 
     def complete_store(
         self,
@@ -365,7 +365,8 @@ class AiotierOffloadingManager:
     def on_new_request(self, req_context: Any) -> RequestOffloadingContext:
         """A request is first seen: its chunks are offloaded as they are computed."""
         _req_id(req_context)
-        return cast(RequestOffloadingContext, self.types.request_offloading_context())
+        context: RequestOffloadingContext = self.types.request_offloading_context()
+        return context
 
     def on_request_finished(self, req_context: Any) -> None:
         """The request issues no more prepares. Once its last outstanding load or store
@@ -510,13 +511,12 @@ class AiotierOffloadingManager:
             ownership=ev.tier,
         )
 
-    def _spec(self, spec: LoadSpec | StoreSpec) -> Any:
+    def _spec(self, spec: LoadSpec | StoreSpec) -> LoadStoreSpec:
         """vLLM's spec of aiotier's: the stand-in's views are made when its ``buffers`` is
         read (vLLM's workers address slots by id and never read them)."""
-        if self._lazy_views:
-            made_on_read = cast(type[PrimaryLoadStoreSpec], self.types.load_store_spec)
-            return made_on_read(spec.block_ids, spec)
-        return self.types.load_store_spec(spec.block_ids, spec.buffers)
+        make: Any = self.types.load_store_spec
+        out: LoadStoreSpec = make(spec.block_ids, spec if self._lazy_views else spec.buffers)
+        return out
 
     def _request_state(self, rid: str, req_context: Any = None) -> _Request:
         """(Under the lock.) The request's record, made at its first prepare."""
