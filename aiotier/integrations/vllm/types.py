@@ -19,6 +19,8 @@ from enum import Enum, auto
 from types import ModuleType
 from typing import Any, ClassVar, NamedTuple, NewType, Protocol, TypeVar
 
+from aiotier._types import _BlockSpec
+
 __all__ = [
     "CacheHitSource",
     "LoadStoreSpec",
@@ -188,7 +190,7 @@ class _MadeOnRead(Protocol):
     def buffers(self) -> tuple[memoryview, ...]: ...
 
 
-class PrimaryLoadStoreSpec(LoadStoreSpec):
+class PrimaryLoadStoreSpec(LoadStoreSpec, _BlockSpec):
     """Blocks in aiotier's primary arena: slot ids and zero-copy views of their bytes.
 
     From ``prepare_load`` the views are read-only and hold exactly the stored bytes; from
@@ -200,41 +202,19 @@ class PrimaryLoadStoreSpec(LoadStoreSpec):
     equal to a spec of the same class with the same ids and views.
     """
 
-    __slots__ = ("_ids", "_views")
-    _ids: tuple[int, ...]
-    _views: tuple[memoryview, ...] | _MadeOnRead
+    __slots__ = ()
     #: vLLM's ``LoadStoreSpec`` when this class also derives from it (``VllmTypes.from_module``)
     _vllm_base: ClassVar[type | None] = None
 
     def __init__(
         self, block_ids: tuple[int, ...], buffers: tuple[memoryview, ...] | _MadeOnRead
     ) -> None:
-        object.__setattr__(self, "_ids", tuple(block_ids))
-        object.__setattr__(self, "_views", buffers)
-
-    @property
-    def block_ids(self) -> tuple[int, ...]:
-        return self._ids
+        _BlockSpec.__init__(self, tuple(block_ids), buffers)  # type: ignore[arg-type]
 
     @property
     def buffers(self) -> tuple[memoryview, ...]:
-        views = self._views
+        views: tuple[memoryview, ...] | _MadeOnRead = self._views  # type: ignore[assignment]
         return views if isinstance(views, tuple) else views.buffers
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"{type(self).__name__} is read-only")
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        assert isinstance(other, PrimaryLoadStoreSpec)
-        return self._ids == other._ids and self.buffers == other.buffers
-
-    def __hash__(self) -> int:
-        return hash((self._ids, self.buffers))
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(block_ids={self._ids!r}, buffers={self.buffers!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuilt_spec, (self._vllm_base, self.block_ids))
