@@ -208,6 +208,9 @@ def _metrics_section(cases: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+_ADAPTER = "aiotier_vllm_adapter"
+
+
 def _trace_section(cases: list[dict[str, Any]]) -> list[str]:
     """The ``trace`` cases: per trace, hit ratio per capacity of each policy and admission,
     vLLM's managers, the optimum; then µs per request; then the tiered run."""
@@ -272,6 +275,10 @@ def _trace_section(cases: list[dict[str, Any]]) -> list[str]:
             + "".join(
                 f", vLLM {p} {_fmt(_median([c['vllm'][p]['us_per_request'] for c in cs]))}"
                 for p in vllm
+            )
+            + "".join(
+                f", aiotier's vLLM adapter (lru, through vLLM's calls) {_fmt(_median(a))}"
+                for a in [[c[_ADAPTER]["us_per_request"] for c in cs if _ADAPTER in c]] if a
             )
             + ".",
         ]
