@@ -267,6 +267,7 @@ def _trace_section(cases: list[dict[str, Any]]) -> list[str]:
         us = {k: [c["us_per_request"] for c in cs
                   if f"{c['params']['policy']}, {c['params']['admission']}" == k]
               for k in combos}  # fmt: skip
+        adapter = [c[_ADAPTER]["us_per_request"] for c in cs if _ADAPTER in c]
         out += [
             "",
             "µs of cache calls per request, median over the capacities (timing on a shared "
@@ -276,10 +277,8 @@ def _trace_section(cases: list[dict[str, Any]]) -> list[str]:
                 f", vLLM {p} {_fmt(_median([c['vllm'][p]['us_per_request'] for c in cs]))}"
                 for p in vllm
             )
-            + "".join(
-                f", aiotier's vLLM adapter (lru, through vLLM's calls) {_fmt(_median(a))}"
-                for a in [[c[_ADAPTER]["us_per_request"] for c in cs if _ADAPTER in c]] if a
-            )
+            + (f", aiotier's vLLM adapter (lru, through vLLM's calls) {_fmt(_median(adapter))}"
+               if adapter else "")
             + ".",
         ]
         out += _calls_line(cs)
