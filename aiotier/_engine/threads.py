@@ -31,6 +31,12 @@ class _NoLock:
     def __enter__(self) -> None:
         return None
 
+    def acquire(self) -> bool:
+        return True
+
+    def release(self) -> None:
+        return None
+
     def __exit__(
         self,
         exc_type: type[BaseException] | None,
@@ -115,18 +121,22 @@ class CallerThreadAnswers:
                 return False
         elif req is not None and req.__class__ is not RequestContext:
             return False
-        with self._guard.lock:
+        lock = self._guard.lock
+        lock.acquire()  # not `with`, which binds __enter__ and __exit__ on each call
+        try:
             # BlockTable.ready_slot, inlined (as in TieringEngine.lookup)
             slot = self._index.get(key)  # type: ignore[arg-type]
-            if (
+            hit = not (
                 slot is None
                 or self._state[slot] != READY
                 or slot in self._expiring
                 or not self.fast
-            ):
-                return False
-            self._stats.primary_hit += 1
-            return True
+            )
+            if hit:
+                self._stats.primary_hit += 1
+        finally:
+            lock.release()
+        return hit
 
     def prefix_hits(
         self, keys: Sequence[bytes | str], req: RequestContext | None
@@ -138,17 +148,26 @@ class CallerThreadAnswers:
             return None
         if _valid_key(b"", req) is None:
             return None
-        with self._guard.lock:
-            if not (self.fast and self._live_ready(ks)):
-                return None
-            self._stats.primary_hit += len(ks)
-            return len(ks)
+        lock = self._guard.lock
+        lock.acquire()
+        try:
+            hits = len(ks) if self.fast and self._live_ready(ks) else None
+            if hits is not None:
+                self._stats.primary_hit += hits
+        finally:
+            lock.release()
+        return hits
 
     def cached(self, key: bytes | str, req: RequestContext | None) -> bytes | None:
         """``get``'s hit, from any thread; None sends the call to the loop."""
         k = _valid_key(key, req)
-        with self._guard.lock:
-            return self._cached(k) if k is not None and self.fast else None
+        lock = self._guard.lock
+        lock.acquire()
+        try:
+            data = self._cached(k) if k is not None and self.fast else None
+        finally:
+            lock.release()
+        return data
 
 
 def _valid_key(key: object, req: object) -> bytes | None:
