@@ -18,8 +18,9 @@ same run, as ``same_work_all_cpus`` is for SSD promotion.
 
 ``inline=True`` makes the design choice the engine makes for a tier whose calls never suspend
 (a ``MemoryTier``): the lookup is called at once, in ``lookup_prefix``, and the read in a loop
-callback right after it, with no timer or task (nothing can time out in a call that returns
-before anything else runs). That is the ceiling of an engine built that way.
+callback right after it, or in ``wait`` if a caller waits first, with no timer or task (nothing
+can time out in a call that returns before anything else runs). That is the ceiling of an
+engine built that way.
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ class BareEngine:
         self._samples: list[tuple[str, float]] = []
         self.totals: Counter[tuple[str, ...]] = Counter()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._queued: list[_Batch] = []  # inline: batches whose read has not run yet
+        self._handle: asyncio.Handle | None = None  # inline: the loop callback reading them
 
     async def lookup_prefix(self, keys: list[bytes]) -> int | None:
         """None when the promotion of every key started (the only case the bench makes)."""
@@ -101,7 +104,9 @@ class BareEngine:
         self._deferred.append(now)
         self._samples.append(("sync_delay", now - started))
         if self._inline:
-            asyncio.get_running_loop().call_soon(_drive, self._promote(batch))
+            self._queued.append(batch)
+            if self._handle is None:
+                self._handle = asyncio.get_running_loop().call_soon(self._read_queued)
             return None
         task = asyncio.get_running_loop().create_task(self._promote(batch))
         self._tasks.add(task)
@@ -166,8 +171,20 @@ class BareEngine:
             if not fut.done():
                 fut.set_result(None)
 
+    def _read_queued(self) -> None:
+        """Inline: read the queued batches (each call returns before anything else runs)."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        queued, self._queued = self._queued, []
+        for batch in queued:
+            _drive(self._promote(batch))
+
     async def wait(self, keys: Sequence[bytes]) -> None:
-        """Until the first key's promotion (the batch of all of them) settled."""
+        """Until the first key's promotion (the batch of all of them) settled. Inline: the
+        reads still queued run now, as the engine runs them for a caller about to wait."""
+        if self._handle is not None:
+            self._read_queued()
         batch = self._flying.get(keys[0])
         if batch is None:
             return
