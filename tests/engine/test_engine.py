@@ -280,6 +280,28 @@ async def test_pending_store_is_retry_then_miss_after_timeout() -> None:
         assert await e.lookup("s") is HIT
 
 
+async def test_wait_reads_a_memory_tier_promotion_at_once_and_only_once() -> None:
+    """A caller waiting for a promotion from a tier that never suspends gets its bytes
+    without a loop turn (nothing else runs in between), and the read queued for the loop
+    does not run a second time."""
+    tier = await seeded(8)
+    async with TieringEngine(PrimaryTier(8, 64), [tier]) as e:
+        keys = [f"k{i}" for i in range(8)]
+        assert await e.lookup_prefix(keys) is None  # RETRY: eight promotions started
+        ran_first: list[str] = []
+        asyncio.get_running_loop().call_soon(ran_first.append, "another callback")
+        assert await e.wait(keys) == [HIT] * 8
+        assert ran_first == []
+        for _ in range(3):  # the turns the queued read would have run in
+            await asyncio.sleep(0)
+        assert ran_first == ["another callback"]
+        assert counter(e, "promotions", "memory", "ok") == 8
+        assert counter(e, "read_bytes", "memory") == 8 * 64
+        spec = e.prepare_load(keys)
+        assert [bytes(b) for b in spec.buffers] == [block(i) for i in range(8)]
+        e.complete_load(keys)
+
+
 async def test_wait_times_out() -> None:
     tier = FaultyTier(await seeded(1)).delay("read", 1.0)
     async with TieringEngine(PrimaryTier(2, 64), [tier]) as e:
