@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Sequence
 from itertools import repeat
 from operator import mul
@@ -56,7 +55,7 @@ class Arena:
                     f"cannot allocate a {num_blocks} x {block_size}-byte primary arena"
                 ) from exc
             self._view = memoryview(self._buf)
-        self.lengths = array("Q", bytes(8 * num_blocks))
+        self.lengths = [0] * num_blocks  # a list: indexed on the interpreter's fast path
 
     @property
     def nbytes(self) -> int:

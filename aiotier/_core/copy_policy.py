@@ -20,7 +20,7 @@ from .arena import Arena
 from .coherence import Coherence
 from .staging import StagingBuffers
 from .stats import StepStats
-from .table import READY, BlockTable, Evictions, SlotState
+from .table import READY, BlockTable, Evictions
 from .values import block_expiry
 from .write_routes import WriteRoutes
 from .writeback import WriteAcks, WriteQueues, remove, write
@@ -75,7 +75,7 @@ class CopyPolicy:
         self.immutable_keys = immutable_keys
 
     def allocate(
-        self, keys: list[bytes], state: SlotState, protected: Sequence[int] = ()
+        self, keys: list[bytes], state: int, protected: Sequence[int] = ()
     ) -> tuple[list[int], Sequence[bytes]] | None:
         """Slots for ``keys`` in ``state`` (``BlockTable.allocate``), the victims' bytes copied
         out before the slots are reused (:meth:`evicted`): the slots and the evicted keys, or
@@ -87,7 +87,7 @@ class CopyPolicy:
         return slots, self.evicted(evicted)
 
     def allocate_prefix(
-        self, keys: list[bytes], state: SlotState, protected: Sequence[int] = ()
+        self, keys: list[bytes], state: int, protected: Sequence[int] = ()
     ) -> list[int]:
         """:meth:`allocate` for the longest leading run of ``keys`` that fits (maybe none)."""
         slots, evicted = self._table.allocate_prefix(keys, state, protected)

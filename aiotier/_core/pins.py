@@ -42,7 +42,7 @@ class PromotionShare:
 
     __slots__ = ("_held", "_reading", "_retry", "_state", "limit")
 
-    def __init__(self, limit: int, state: bytearray) -> None:
+    def __init__(self, limit: int, state: list[int]) -> None:
         self.limit = limit
         self._state = state  # the table's slot states
         self._retry = [0] * len(state)  # per slot: RETRY pins on it

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from itertools import islice, pairwise
@@ -114,18 +113,18 @@ class EvictionPolicy(ABC):
 class LRUPolicy(EvictionPolicy):
     """Least recently used, as an intrusive doubly linked list over slot numbers.
 
-    Two ``array('I')`` of ``num_blocks + 1`` entries (the last is the sentinel) cost 8 bytes per
-    block and no Python object per entry, which keeps a 1e6-block index small.
+    Two lists of ``num_blocks + 1`` slot numbers (the last is the sentinel): 16 bytes per block,
+    the numbers themselves shared with the table's; lists, not arrays, because the interpreter
+    indexes them on its fast path (the per-slot loops of eviction and insertion cost half).
     """
 
     __slots__ = ("_next", "_nil", "_prev", "_sentinel")
 
     def __init__(self, num_blocks: int) -> None:
         self._sentinel = s = num_blocks
-        # unsigned arrays: their item writes skip the argument parsing that signed ones do
         self._nil = nil = num_blocks + 1  # the link of a slot that is not in the list
-        self._next = array("I", [nil]) * (num_blocks + 1)
-        self._prev = array("I", [nil]) * (num_blocks + 1)
+        self._next = [nil] * (num_blocks + 1)
+        self._prev = [nil] * (num_blocks + 1)
         self._next[s] = s
         self._prev[s] = s
 

@@ -176,7 +176,7 @@ class Promotions:
         return scan
 
     def _answered_at_once(
-        self, scan: LookupScan, index: dict[bytes, int], state: bytearray
+        self, scan: LookupScan, index: dict[bytes, int], state: list[int]
     ) -> bool:
         """:meth:`begin` in C-level passes, when none of the keys is on its way down and each
         one the primary holds is loadable (HIT; the others are asked of the tiers). False,

@@ -1,8 +1,10 @@
 """The block table: which key lives in which slot, in what state, pinned by how many users.
 
-Per-slot state lives in flat arrays (one byte of state, one int of pins) and the only per-block
-Python objects are the index entry and the key itself, so a million-block table stays small.
-Every write to those arrays happens in a method of this class: the lifecycle of a slot is
+Per-slot state lives in lists of small ints (state, pins, clean flags), which the interpreter
+indexes and stores into on its fast paths (an ``array`` or ``bytearray`` item goes through the
+generic protocol, about twice the cost in a per-slot loop; a list costs 8 bytes a slot). The only
+per-block Python objects are the index entry and the key itself. Every write to those lists
+happens in a method of this class: the lifecycle of a slot is
 
     FREE -> PENDING (a store in progress) -> READY
     FREE -> PROMOTING (a promotion read in flight) -> READY
@@ -13,7 +15,6 @@ Every write to those arrays happens in a method of this class: the lifecycle of 
 from __future__ import annotations
 
 import enum
-from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
@@ -35,7 +36,8 @@ __all__ = [
 
 
 class SlotState(enum.IntEnum):
-    """The state of one primary slot (stored as one byte per slot)."""
+    """The state of one primary slot (stored as a plain int per slot: the module's constants
+    below)."""
 
     FREE = 0
     PENDING = 1
@@ -48,11 +50,13 @@ class SlotState(enum.IntEnum):
     """Replaced or deleted while pinned; freed when the last pin goes."""
 
 
-FREE = SlotState.FREE
-PENDING = SlotState.PENDING
-PROMOTING = SlotState.PROMOTING
-READY = SlotState.READY
-ORPHAN = SlotState.ORPHAN
+# plain ints, as the state list holds: comparisons of two exact ints take the interpreter's
+# fast path, an IntEnum member does not
+FREE: Final = int(SlotState.FREE)
+PENDING: Final = int(SlotState.PENDING)
+PROMOTING: Final = int(SlotState.PROMOTING)
+READY: Final = int(SlotState.READY)
+ORPHAN: Final = int(SlotState.ORPHAN)
 
 class Evictions:
     """The victims of one allocation, as parallel sequences: their keys, their slots and whether
@@ -99,11 +103,11 @@ class BlockTable:
     def __init__(self, num_blocks: int, policy: EvictionPolicy) -> None:
         self.index: dict[bytes, int] = {}
         self.keys: list[bytes | None] = [None] * num_blocks
-        self.state = bytearray(num_blocks)
-        self.pins = array("I", [0]) * num_blocks  # unsigned: cheaper item writes than signed
+        self.state = [0] * num_blocks
+        self.pins = [0] * num_blocks
         # 1 when the slot's bytes are known to be in the first secondary tier unchanged, so a
         # write-back eviction can skip the write.
-        self._clean = bytearray(num_blocks)
+        self._clean = [0] * num_blocks
         self.free: list[int] = list(range(num_blocks - 1, -1, -1))
         self.policy = policy
         self.deadlines: Deadlines[int] = Deadlines()
@@ -159,7 +163,7 @@ class BlockTable:
     # -- transitions ---------------------------------------------------------------------------
 
     def allocate(
-        self, keys: list[bytes], state: SlotState, protected: Iterable[int] = ()
+        self, keys: list[bytes], state: int, protected: Iterable[int] = ()
     ) -> tuple[list[int], Evictions] | None:
         """Give each key a slot in ``state``, evicting by policy. A key present in the index is
         pointed at its new slot (the caller then detaches the old one: a replacement).
@@ -192,7 +196,7 @@ class BlockTable:
         slots.reverse()
         del free[-n:]
         index.update(zip(keys, slots, strict=True))
-        st = int(state)
+        st = int(state)  # a plain int in the list, never an IntEnum member
         for k, s in zip(keys, slots, strict=True):
             owners[s] = k
             states[s] = st
@@ -214,7 +218,7 @@ class BlockTable:
         return [self.keys[s] for s in slots]  # type: ignore[misc]
 
     def allocate_prefix(
-        self, keys: list[bytes], state: SlotState, protected: Iterable[int] = ()
+        self, keys: list[bytes], state: int, protected: Iterable[int] = ()
     ) -> tuple[list[int], Evictions]:
         """:meth:`allocate` for the longest leading run of ``keys`` that fits (maybe none)."""
         got = self.allocate(keys, state, protected)
@@ -349,7 +353,7 @@ class _Evictable:
 
     __slots__ = ("_guard", "_pins", "_states")
 
-    def __init__(self, states: bytearray, pins: array[int], guard: frozenset[int]) -> None:
+    def __init__(self, states: list[int], pins: list[int], guard: frozenset[int]) -> None:
         self._states = states
         self._pins = pins
         self._guard = guard

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from array import array
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Coroutine, Sequence
 from typing import TypeVar
@@ -63,10 +62,10 @@ class BareEngine:
         self._bs = block_size
         self._index: dict[bytes, int] = {}
         self._owners: list[bytes | None] = [None] * num_blocks
-        self._state = bytearray(num_blocks)
-        self._pins = array("I", [0]) * num_blocks
-        self._clean = bytearray(num_blocks)
-        self._lengths = array("Q", [0]) * num_blocks
+        self._state = [0] * num_blocks
+        self._pins = [0] * num_blocks
+        self._clean = [0] * num_blocks
+        self._lengths = [0] * num_blocks
         self._free = list(range(num_blocks - 1, -1, -1))
         self._lru: OrderedDict[int, None] = OrderedDict()
         self._view = memoryview(bytearray(num_blocks * block_size))

@@ -129,8 +129,8 @@ class Harness:
         t = e.core.table
         return (
             dict(t.index),
-            bytes(t.state),
-            t.pins.tobytes(),
+            list(t.state),
+            list(t.pins),
             e.stats().pinned_blocks,
             {
                 rs.req_id: (
