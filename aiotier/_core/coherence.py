@@ -30,6 +30,8 @@ _K = TypeVar("_K", bound=Hashable)
 
 #: A tier's ``contains_hint``: whether it holds a key, known without I/O, or None.
 Hint = Callable[[bytes], "bool | None"]
+#: a tier's ``contains_hints``: the hint of each key at once
+BatchHint = Callable[[list[bytes]], "list[bool | None]"]
 
 
 class Coherence:
@@ -37,6 +39,7 @@ class Coherence:
 
     __slots__ = (
         "_backoff",
+        "_batch_hints",
         "_clearing",
         "_clock",
         "_failed",
@@ -57,10 +60,12 @@ class Coherence:
         stats: StepStats,
         clock: Callable[[], float],
         backoff_seconds: float,
+        batch_hints: Sequence[BatchHint] = (),
     ) -> None:
         n = len(names)
         self._names = tuple(names)
         self._hints = tuple(hints)
+        self._batch_hints = tuple(batch_hints) or tuple(map(_key_by_key, hints))
         self._stats = stats
         self._clock = clock
         self.backoff_seconds = backoff_seconds
@@ -125,7 +130,7 @@ class Coherence:
             return out
         if not removing and not stale:
             try:
-                held = list(map(hint, keys))
+                held = self._batch_hints[ti](keys)
             except Exception:
                 pass  # counted below, key by key
             else:
@@ -268,3 +273,8 @@ def _decrement(counter: Counter[_K], k: _K) -> None:
         del counter[k]
     else:
         counter[k] = n
+
+
+def _key_by_key(hint: Hint) -> BatchHint:
+    """The batch form of a per-key hint."""
+    return lambda keys: list(map(hint, keys))

@@ -28,7 +28,7 @@ from ..errors import BlockNotReadyError
 from .admission import AdmissionPolicy
 from .answers import Answers
 from .arena import Arena
-from .coherence import Coherence, Hint
+from .coherence import BatchHint, Coherence, Hint
 from .copy_policy import CopyPolicy
 from .expiry import Expiry
 from .gather import gather
@@ -53,7 +53,8 @@ RECLAIM_PER_STEP: Final = 1024
 class EngineCore:
     """Blocks in a primary arena over ``len(tier_names)`` secondary tiers, as plain state.
 
-    ``hints`` are the tiers' ``contains_hint`` (called synchronously; they do no I/O);
+    ``hints`` are the tiers' ``contains_hint`` (called synchronously; they do no I/O), and
+    ``batch_hints`` their ``contains_hints`` (by default, ``hints`` key by key);
     ``notify(ti)`` is called when an op is queued for tier ``ti`` whose queue was empty;
     ``clock`` gives seconds; ``wall_clock`` gives unix seconds, for blocks' expiry;
     ``tier_expiry[ti]`` says whether tier ``ti`` honours expiry itself.
@@ -67,6 +68,7 @@ class EngineCore:
         primary_name: str = "primary",
         tier_names: Sequence[str] = (),
         hints: Sequence[Hint] = (),
+        batch_hints: Sequence[BatchHint] = (),
         write_policy: str | Sequence[str] = "write_back",
         immutable_keys: bool = False,
         promotion_timeout: float = 5.0,
@@ -99,7 +101,9 @@ class EngineCore:
         share = PromotionShare(math.ceil(max_promotion_share * arena.num_blocks), table.state)
         self.pins = PinLedger(table, pin_steps, share)
         self.inflight = InflightTable(self.stats)
-        self.coherence = Coherence(self.tier_names, hints, self.stats, clock, backoff_seconds)
+        self.coherence = Coherence(
+            self.tier_names, hints, self.stats, clock, backoff_seconds, batch_hints
+        )
         #: reused buffers for blocks copied out of the arena on their way down; None when the
         #: first tier keeps the bytes it is given (they are then copied into ``bytes``)
         self.staging = (

@@ -224,6 +224,7 @@ def build_core(
         primary_name=primary.name,
         tier_names=[t.name for t in tiers],
         hints=[t.contains_hint for t in tiers],
+        batch_hints=[t.contains_hints for t in tiers],
         write_policy=o.write_policies([t.name for t in tiers]),
         immutable_keys=o.immutable_keys,
         promotion_timeout=o.promotion_timeout,

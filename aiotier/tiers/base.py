@@ -243,6 +243,12 @@ class SecondaryTier(ABC):
         """
         return None
 
+    def contains_hints(self, keys: list[bytes]) -> list[bool | None]:
+        """:meth:`contains_hint` of each of ``keys``, in order: the engine asks about the clean
+        blocks a primary eviction drops, a batch at a time. Override it only to answer in one
+        pass (it must agree with ``contains_hint``)."""
+        return list(map(self.contains_hint, keys))
+
     @property
     def available(self) -> bool | None:
         """Whether the tier can serve now, when it knows; ``None`` when it cannot tell.

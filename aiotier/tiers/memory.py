@@ -253,6 +253,17 @@ class MemoryTier(SecondaryTier):
             self._expire((key,))
         return key in self._data or key in self._evicted
 
+    def contains_hints(self, keys: list[bytes]) -> list[bool | None]:
+        if type(self).contains_hint is not MemoryTier.contains_hint:
+            return super().contains_hints(keys)  # a subclass's own answer, key by key
+        if self._expires:
+            self._expire(keys)
+        held: list[bool | None] = list(map(self._data.__contains__, keys))  # one C-level pass
+        if self._evicted and False in held:
+            evicted = self._evicted
+            return [h or k in evicted for k, h in zip(keys, held, strict=True)]
+        return held
+
     def usage(self) -> TierUsage:
         budget = self._budget
         return TierUsage(
