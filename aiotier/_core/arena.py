@@ -107,12 +107,12 @@ class Arena:
         self._view[off : off + n] = data
         self.lengths[slot] = n
 
-    def set_lengths(self, slots: list[int], lengths: list[int]) -> None:
-        """:meth:`set_length` of each pair."""
+    def set_lengths(self, slots: list[int], lengths: list[int], *, checked: bool = False) -> None:
+        """:meth:`set_length` of each pair (``checked``: the caller knows each length fits)."""
         bs, out = self.block_size, self.lengths
         if len(slots) != len(lengths):
             raise ValueError(f"{len(lengths)} lengths for {len(slots)} slots")
-        if lengths and not (min(lengths) >= 0 and max(lengths) <= bs):  # checked at C speed
+        if not checked and lengths and not (min(lengths) >= 0 and max(lengths) <= bs):  # in C
             slot, n = next((s, n) for s, n in zip(slots, lengths, strict=True) if not 0 <= n <= bs)
             raise ValueError(f"length {n} of slot {slot} is not in 0..{bs}")
         for slot, n in zip(slots, lengths, strict=True):

@@ -501,7 +501,7 @@ class Promotions:
     ) -> None:
         """These blocks of ``batch`` are in their slots: loadable, counted, settled."""
         name = self._tier_names[batch.tier]
-        self._arena.set_lengths(slots, lengths)
+        self._arena.set_lengths(slots, lengths, checked=True)  # by _settle
         self._table.promoted(slots, clean=batch.tier == 0)
         self._pins.share.read_stopped(slots)  # RETRY pins may still hold them
         self._inflight.settle_many(keys, now)
