@@ -100,6 +100,15 @@ class EvictionPolicy(ABC):
     def evict(self, n: int, evictable: Evictable) -> list[int] | None:
         """Choose and remove ``n`` victims among slots for which ``evictable`` is true."""
 
+    def recycle(self, keys: list[bytes], evictable: Evictable) -> list[int] | None:
+        """:meth:`evict` ``len(keys)`` victims and :meth:`insert_many` them again for ``keys``
+        (slot ``i`` for key ``i``): a full arena's allocation, which reuses every victim at
+        once. A policy may do both in one move."""
+        victims = self.evict(len(keys), evictable)
+        if victims is not None:
+            self.insert_many(victims, keys)
+        return victims
+
     @abstractmethod
     def candidates(self, n: int, evictable: Evictable) -> list[int]:
         """The victims :meth:`evict` would choose now, in order, without removing them (fewer
@@ -240,6 +249,29 @@ class LRUPolicy(EvictionPolicy):
             prv[q] = p
             nxt[v] = prv[v] = nil
         return victims
+
+    def recycle(self, keys: list[bytes], evictable: Evictable) -> list[int] | None:
+        s, nxt, prv = self._sentinel, self._next, self._prev
+        # the common case: the n least recent are all evictable, a run moved whole to the tail
+        run: list[int] = []
+        take = run.append
+        cur = nxt[s]
+        for _ in range(len(keys)):
+            if cur == s:
+                return None  # fewer than n resident
+            take(cur)
+            cur = nxt[cur]
+        if not run or not _all_evictable(evictable, run):
+            return super().recycle(keys, evictable)
+        if cur != s:  # else the run is the whole list, in order already
+            first, last, tail = run[0], run[-1], prv[s]
+            nxt[s] = cur
+            prv[cur] = s
+            nxt[tail] = first
+            prv[first] = tail
+            nxt[last] = s
+            prv[s] = last
+        return run
 
     def candidates(self, n: int, evictable: Evictable) -> list[int]:
         out: list[int] = []

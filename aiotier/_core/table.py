@@ -173,12 +173,20 @@ class BlockTable:
         nothing changed when not enough unpinned blocks exist.
         """
         n = len(keys)
+        if not n:
+            return [], NO_EVICTIONS
         free, index, owners, states = self.free, self.index, self.keys, self.state
         clean = self._clean
         need = n - len(free)
         evicted = NO_EVICTIONS
+        # a full arena: every slot is a victim, evicted and inserted again by one policy move
+        recycled = need == n
         if need > 0:
-            victims = self.policy.evict(need, self._evictable_except(protected))
+            evictable = self._evictable_except(protected)
+            if recycled:
+                victims = self.policy.recycle(keys, evictable)
+            else:
+                victims = self.policy.evict(need, evictable)
             if victims is None:
                 return None
             gone = gather(owners, victims)
@@ -188,20 +196,22 @@ class BlockTable:
             if self.deadlines.at:
                 for v in victims:
                     self.deadlines.drop(v)
-            free += victims  # each victim is reused below: it is never seen free
-        if not n:
-            return [], evicted
+        if recycled:
+            slots = list(evicted.slots)
+        else:
+            free += evicted.slots  # each victim is reused below: it is never seen free
+            slots = free[-n:]
+            slots.reverse()
+            del free[-n:]
         # free slots and evicted ones have no pins: only the owner, state and flag change
-        slots = free[-n:]
-        slots.reverse()
-        del free[-n:]
         index.update(zip(keys, slots, strict=True))
         st = int(state)  # a plain int in the list, never an IntEnum member
         for k, s in zip(keys, slots, strict=True):
             owners[s] = k
             states[s] = st
             clean[s] = 0
-        self.policy.insert_many(slots, keys)
+        if not recycled:
+            self.policy.insert_many(slots, keys)
         return slots, evicted
 
     def _evictable_except(self, protected: Iterable[int]) -> _Evictable:

@@ -53,6 +53,21 @@ def test_lru_evicts_least_recently_used_first() -> None:
     assert lru.order() == [0, 2]
 
 
+def test_lru_recycle_moves_the_least_recent_run_to_the_most_recent_end() -> None:
+    lru = LRUPolicy(5)
+    for s in range(5):
+        lru.insert(s, b"k%d" % s)
+    assert lru.recycle([b"a", b"b"], lambda s: True) == [0, 1]
+    assert lru.order() == [2, 3, 4, 0, 1]
+    lru.touch(0)  # each link of the moved run, both ways, is right
+    lru.touch(3)
+    assert lru.order() == [2, 4, 1, 0, 3]
+    assert lru.recycle([b"c"] * 5, lambda s: True) == [2, 4, 1, 0, 3]  # the whole list
+    assert lru.order() == [2, 4, 1, 0, 3]
+    assert lru.recycle([b"d", b"e"], lambda s: s != 4) == [2, 1]  # a pinned one: one by one
+    assert lru.order() == [4, 0, 3, 2, 1]
+
+
 def test_lru_skips_unevictable_slots() -> None:
     lru = LRUPolicy(3)
     for s in range(3):
@@ -371,7 +386,7 @@ class BatchEvictable:
 @given(
     ops=st.lists(
         st.tuples(st.sampled_from(["insert_many", "touch", "touch_many", "refresh_many", "remove",
-                                   "evict"]),
+                                   "evict", "recycle"]),
                   st.lists(st.integers(0, 15), max_size=8), st.integers(1, 9),
                   st.frozensets(st.integers(0, 15), max_size=6)),
         max_size=80,
@@ -382,7 +397,9 @@ def test_policies_choose_the_same_victims_with_batch_evictable_answers(
 ) -> None:
     """An evictable that answers for a run of slots at once (as the block table's does) gives
     the victims, in the order, that asking slot by slot gives: pinned slots in the middle of a
-    batch, batches stored and refreshed together, runs partly evicted."""
+    batch, batches stored and refreshed together, runs partly evicted. A policy's own
+    ``recycle`` (a full arena's allocation) evicts and reinserts as ``evict`` then
+    ``insert_many`` do."""
     batched, plain = make_policy(name, 16), make_policy(name, 16)
     resident: set[int] = set()
     for op, slots, n, pinned in ops:
@@ -409,4 +426,8 @@ def test_policies_choose_the_same_victims_with_batch_evictable_answers(
             victims = batched.evict(n, BatchEvictable(pinned))
             assert victims == plain.evict(n, unpinned(pinned))
             resident -= set(victims or ())
+        elif op == "recycle":
+            keys = [b"r%d" % (i % 6) for i in range(n)]
+            victims = batched.recycle(keys, BatchEvictable(pinned))
+            assert victims == EvictionPolicy.recycle(plain, keys, unpinned(pinned))
         assert batched.order() == plain.order()
