@@ -31,7 +31,7 @@ from aiotier.tiers import SSDTier, TierSetup
 from aiotier.tiers._ssd import ops
 from aiotier.tiers._ssd.hops import HopRunner
 from aiotier.tiers._ssd.layout import Geometry
-from aiotier.tiers._ssd.ops import SlotReads
+from aiotier.tiers._ssd.ops import SlotReads, SlotSource
 from aiotier.tiers._ssd.slot import HEAD_SIZE, encode_head
 from aiotier.tiers._ssd.syscalls import NowaitProbe
 from aiotier.tiers.ssd import inspect_directory
@@ -708,7 +708,6 @@ async def test_a_block_is_never_read_under_another_key_even_when_its_slot_is_reu
     await write_one(tier, b"a", b"A" * 1000)
     slot = tier.index.lru[b"a"]
     seq_a = tier.index.seq[slot]
-    fd, off = tier._locate(slot)
     assert await remove_one(tier, b"a")
     await until(lambda: _runner(tier).idle)
     await write_one(tier, b"b", b"B" * 1000)
@@ -717,16 +716,24 @@ async def test_a_block_is_never_read_under_another_key_even_when_its_slot_is_reu
     assert await read_one(tier, b"a", memoryview(bytearray(1000))) == -1
     # a read planned for a's copy that reaches the slot after b took it: refused, not b's bytes
     buf = bytearray(1000)
-    stale = SlotReads([fd], [off], [b"a"], [seq_a], [memoryview(buf)], [slot], 1000, print)
-    [result] = stale.start(_runner(tier).nowait)
+    [result] = _read_op(tier, b"a", slot, seq_a, buf).start(_runner(tier).nowait)
     assert isinstance(result, BlockCorruptedError)  # so the caller never uses the buffer
     assert f"holds write {tier.index.seq[slot]}, the index expects {seq_a}" in str(result)
     # and the same write number with another key (a slot copied over) fails on the key
     seq_b = tier.index.seq[slot]
-    same_seq = SlotReads([fd], [off], [b"a"], [seq_b], [memoryview(buf)], [slot], 1000, print)
-    [result] = same_seq.start(_runner(tier).nowait)
+    [result] = _read_op(tier, b"a", slot, seq_b, buf).start(_runner(tier).nowait)
     assert isinstance(result, BlockCorruptedError) and "not b'a'" in str(result)
     assert await read(tier, b"b") == b"B" * 1000
+
+
+def _read_op(tier: SSDTier, key: bytes, slot: int, seq: int, buf: bytearray) -> SlotReads:
+    """A read op of ``key``'s write ``seq`` at ``slot`` (1000 bytes), planned as the tier
+    plans one."""
+    source = SlotSource(
+        [key], [slot], [memoryview(buf)], [-1], {slot: seq}, {slot: 1000}, tier._fds,
+        tier._per_file, tier._slot_size, tier.name,
+    )  # fmt: skip
+    return SlotReads(source, [0], [slot], 1000, print)
 
 
 async def test_foreign_slot_file_is_all_misses(root: Path, tmp_path: Path) -> None:

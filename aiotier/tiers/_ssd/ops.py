@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from ...errors import BlockCorruptedError
@@ -33,6 +33,7 @@ __all__ = [
     "SlotClears",
     "SlotOp",
     "SlotReads",
+    "SlotSource",
     "SlotWrites",
     "byte_view",
     "read_slot",
@@ -129,40 +130,119 @@ class SlotOp(DiskOp):
         self.done(self, outcome)
 
 
+class SlotSource:
+    """A read batch's blocks as the loop planned them, shared by its ops: per position the
+    key, the slot its read pinned (-1: absent), the caller's buffer and the answer (:attr:`out`,
+    filled in by the ops' threads); the index's sequence numbers and lengths per slot (stable
+    while the slot is pinned: a held slot is neither evicted nor freed); where slots are."""
+
+    __slots__ = ("bufs", "files", "found", "keys", "length", "out", "per_file", "seq",
+                 "slot_size", "tier_name")  # fmt: skip
+
+    def __init__(
+        self,
+        keys: list[bytes],
+        found: list[int],
+        bufs: Sequence[Any],
+        out: list[Any],
+        seq: Sequence[int],
+        length: Sequence[int],
+        files: list[int],
+        per_file: int,
+        slot_size: int,
+        tier_name: str,
+    ) -> None:
+        self.keys = keys
+        self.found = found
+        self.bufs = bufs
+        self.out = out
+        self.seq = seq
+        self.length = length
+        self.files = files
+        self.per_file = per_file
+        self.slot_size = slot_size
+        self.tier_name = tier_name
+
+
 class SlotReads(SlotOp):
     """Blocks read straight into caller buffers: per block one ``preadv`` of header and payload
     at the slot's offset in an open file, then :func:`~.slot.check_slot` (one hash call).
 
-    :meth:`start` takes what the page cache holds (``RWF_NOWAIT``); blocks that would wait for
-    the disk are advised ``WILLNEED`` together and read by :meth:`complete`, so one cold block
-    never holds up the warm ones. The outcome is a list: per block its length or the exception.
+    The op is the positions ``pos`` of its batch (:class:`SlotSource`): its thread works out
+    each block's file, offset and length first (:meth:`resolve`), so the loop makes no pass per
+    block for it. :meth:`start` takes what the page cache holds (``RWF_NOWAIT``); blocks that
+    would wait for the disk are advised ``WILLNEED`` together and read by :meth:`complete`, so
+    one cold block never holds up the warm ones. Each answer goes to the batch's ``out`` at its
+    position, from the thread; the outcome is the op's own list (per block read, its length or
+    the exception; :attr:`failed` when any is an exception).
     """
 
-    __slots__ = ("cold", "keys", "out", "seqs", "slots", "views")
+    __slots__ = ("at", "cold", "failed", "held", "keys", "out", "pos", "seqs", "slots",
+                 "source", "views")  # fmt: skip
 
     def __init__(
         self,
-        fds: list[int],
-        offsets: list[int],
-        keys: list[bytes],
-        seqs: list[int],
-        views: list[memoryview],
+        source: SlotSource,
+        pos: list[int],
         slots: list[int],
         nbytes: int,
         done: Callable[[SlotReads, Any], None],
     ) -> None:
-        """Read block ``i`` (write ``seqs[i]`` of ``keys[i]``, ``views[i].nbytes`` bytes of
-        payload) from ``offsets[i]`` of ``fds[i]`` into ``views[i]``. ``slots`` is loop-side
-        data for ``done``."""
-        SlotOp.__init__(self, fds, offsets, nbytes, done)
-        self.keys = keys
-        self.seqs = seqs
-        self.views = views
+        """Read the blocks at positions ``pos`` of ``source``, pinned at ``slots`` (loop-side
+        data for ``done``: they are let go there)."""
+        SlotOp.__init__(self, [], [], nbytes, done)
+        self.source = source
+        self.pos = pos
         self.slots = slots
+        #: Per block read (filled in by :meth:`resolve`): its position, key, slot, sequence
+        #: number and the caller's buffer cut to its length.
+        self.at: list[int] = []
+        self.keys: list[bytes] = []
+        self.held: list[int] = []
+        self.seqs: list[int] = []
+        self.views: list[memoryview] = []
         self.out: list[Any] = []
+        self.failed = False
         self.cold: list[tuple[int, bytearray, int]] = []
 
+    def resolve(self) -> None:
+        """On the thread, first: each block's file, offset, sequence number and buffer (a
+        buffer shorter than its block gets a ``ValueError``, and no read)."""
+        src = self.source
+        keys, found, bufs, out = src.keys, src.found, src.bufs, src.out
+        seq, length, files, size = src.seq, src.length, src.files, src.slot_size
+        per_file = src.per_file
+        for i in self.pos:
+            slot, view = found[i], bufs[i]
+            if view.__class__ is not memoryview or view.format != "B" or view.ndim != 1:
+                view = byte_view(view)
+            n = length[slot]
+            if view.nbytes < n:
+                out[i] = ValueError(
+                    f"ssd tier {src.tier_name!r}: block {keys[i][:64]!r} is {n} bytes, "
+                    f"buffer holds {view.nbytes}"
+                )
+                continue
+            f, k = divmod(slot, per_file)
+            self.fds.append(files[f])
+            self.offsets.append(k * size)
+            self.at.append(i)
+            self.keys.append(keys[i])
+            self.held.append(slot)
+            self.seqs.append(seq[slot])
+            self.views.append(view[:n])
+
+    def _publish(self, out: list[Any]) -> list[Any]:
+        """On the thread, last: each answer put in the batch's ``out``."""
+        shared = self.source.out
+        for i, r in zip(self.at, out, strict=True):
+            shared[i] = r
+            if r.__class__ is not int:
+                self.failed = True
+        return out
+
     def start(self, nowait: NowaitProbe) -> Any:
+        self.resolve()
         fds, offsets, keys, seqs, views = self.fds, self.offsets, self.keys, self.seqs, self.views
         out: list[Any] = [None] * len(keys)
         cold = self.cold
@@ -197,7 +277,7 @@ class SlotReads(SlotOp):
             scattered = len(cold)
         self.out = out
         if not cold:
-            return out
+            return self._publish(out)
         # The scattered cold blocks: one WILLNEED per run of near ones, so the kernel fetches
         # them all at once, in a few large requests. A hole of up to twice a read's length is
         # advised with it (another thread's block, most likely), a larger one splits the run.
@@ -237,7 +317,7 @@ class SlotReads(SlotOp):
             except (OSError, BlockCorruptedError) as exc:
                 out[i] = exc
         self.cold = []
-        return out
+        return self._publish(out)
 
 
 class SlotWrites(SlotOp):

@@ -27,8 +27,10 @@ from .turns import KeyTurns
 __all__ = ["SSDReads", "as_exception", "as_key", "unavailable"]
 
 _HIT, _MISS = LookupResult.HIT, LookupResult.MISS
-#: The type of a block read's result that is a length (anything else is an error).
-_LENGTHS = frozenset((int,))
+#: The type of a key that needs no normalising.
+_BYTES = frozenset((bytes,))
+#: The type of a buffer taken as it is (a primary's slot views).
+_VIEWS = frozenset((memoryview,))
 #: What a withdrawn read op settles with (its reads never ran).
 _WITHDRAWN = asyncio.CancelledError("withdrawn before a thread started it")
 
@@ -105,20 +107,20 @@ class SSDReads:
     ) -> list[int | Exception]:
         """Read many blocks straight into ``bufs``, one op per thread; one bad block never
         fails the rest."""
-        runner, batch, views = self._plan(keys, bufs)
-        out, keys = batch.out, batch.keys
+        runner, batch, keys = self._plan(keys, bufs)
+        out = batch.out
         if len(batch):
             ops = batch.ops(self._parts(len(batch), runner), self._reads_done)
             try:
-                results = await runner.submit_group(ops, withdrawable=True)
+                await runner.submit_group(ops, withdrawable=True)
             except asyncio.CancelledError:
                 self._withdrawn(ops)
                 raise
-            batch.settle(results)
         for i in batch.missing:
             if keys[i] in self._handover:  # evicted a moment ago, on its way down
                 try:
-                    out[i] = await self._handover.read_into(keys[i], views[i], self.name)
+                    view = byte_view(bufs[i])
+                    out[i] = await self._handover.read_into(keys[i], view, self.name)
                 except Exception as exc:
                     out[i] = exc
         return out
@@ -138,40 +140,35 @@ class SSDReads:
         handover = self._handover
         if handover and any(as_key(k) in handover for k in keys):
             return None
-        runner, batch, _views = self._plan(keys, bufs)
+        runner, batch, _keys = self._plan(keys, bufs)
         if not len(batch):
             done(batch.out)
             return _nothing
         ops = batch.ops(self._parts(len(batch), runner), self._reads_done)
 
         def ended(results: list[Any]) -> None:
-            if self._withdrawn(ops):
-                done(None)
-            else:
-                done(batch.settle(results))
+            done(None if self._withdrawn(ops) else batch.out)
 
         runner.start_group(ops, ended)
         return partial(runner.withdraw, ops, _WITHDRAWN)
 
     def _plan(
         self, keys: Sequence[bytes], bufs: Sequence[memoryview]
-    ) -> tuple[HopRunner, ReadBatch, list[memoryview]]:
+    ) -> tuple[HopRunner, ReadBatch, list[bytes]]:
         """The tier's runner, the batch of reads of ``keys`` into ``bufs`` (their slots pinned)
-        and the buffers as views; raises when the tier is closed or the lengths differ."""
+        and the keys as bytes; raises when the tier is closed or the lengths differ."""
         runner = self._check_open()
         if len(keys) != len(bufs):
             raise ValueError(f"{len(keys)} keys but {len(bufs)} buffers")
-        keys = [k if type(k) is bytes else as_key(k) for k in keys]
+        keys = list(keys) if set(map(type, keys)) <= _BYTES else list(map(as_key, keys))
+        if not set(map(type, bufs)) <= _VIEWS:  # a view's format is checked on its thread
+            bufs = list(map(byte_view, bufs))  # (raises for what holds no bytes)
         if self._expiry:
             self._expire(keys)  # out of the index: read as absent (-1)
-        views = [
-            b if b.__class__ is memoryview and b.format == "B" and b.ndim == 1 else byte_view(b)
-            for b in bufs
-        ]  # byte_view, inlined for the views of a primary's slots
         batch = ReadBatch(
-            self._index, keys, views, self._fds, self._per_file, self._slot_size, self.name
+            self._index, keys, bufs, self._fds, self._per_file, self._slot_size, self.name
         )
-        return runner, batch, views
+        return runner, batch, keys
 
     def _withdrawn(self, ops: list[SlotReads]) -> bool:
         """Let go of the slots of ``ops`` taken back before a thread saw them (their reads
@@ -187,27 +184,36 @@ class SSDReads:
 
     def _reads_done(self, op: SlotReads, outcome: Any) -> None:
         """On the loop, a read op's outcome: unpin its slots, drop and clear the blocks that
-        did not verify, translate disk errors."""
-        results: list[Any] = (
-            [outcome] * len(op.slots) if isinstance(outcome, BaseException) else outcome
-        )
+        did not verify, translate disk errors (in the batch's answers)."""
         clear: list[int] = []
         try:
-            if not set(map(type, results)) <= _LENGTHS:
-                for j, r in enumerate(results):
-                    if type(r) is not int:
-                        results[j] = self._read_error(op, j, r, clear)
+            if isinstance(outcome, BaseException):  # the op did not run to its end
+                err = self._op_error(op, outcome)
+                out = op.source.out
+                for i in op.pos:
+                    out[i] = err
+            elif op.failed:
+                out = op.source.out
+                for j, r in enumerate(outcome):
+                    if r.__class__ is not int:
+                        out[op.at[j]] = self._read_error(op, j, r, clear)
             self._index.reads_ended(op.slots)  # after read_failed: a dropped slot may go free
             if clear:
                 self._clear(clear)
             self._room.set()
         finally:  # whatever happened, the caller gets an answer
-            op.settle(results)
+            op.settle(outcome)
+
+    def _op_error(self, op: SlotReads, exc: BaseException) -> Exception:
+        """What the caller sees of a read op that failed whole."""
+        if isinstance(exc, OSError):
+            return unavailable(f"ssd tier {self.name!r}: reading {len(op.pos)} blocks", exc)
+        return as_exception(exc)
 
     def _read_error(self, op: SlotReads, j: int, r: BaseException, clear: list[int]) -> Exception:
         """What the caller sees of a failed read; a block that did not verify leaves the
         index (and its slot is cleared)."""
-        key, slot = op.keys[j], op.slots[j]
+        key, slot = op.keys[j], op.held[j]
         if isinstance(r, BlockCorruptedError):
             s = self._index.read_failed(key, slot, op.seqs[j])
             if s >= 0:
