@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from .._core.engine_core import EngineCore
 from .._core.inflight import PromotionBatch
@@ -239,8 +239,14 @@ class TierReads:
         tier = self._tiers[ti]
         assert isinstance(tier, SSDReads)
         self.reads.add(read)
+        if len(batches) == 1:
+            keys, slots = batches[0].keys, batches[0].slots
+        else:
+            keys = [k for b in batches for k in b.keys]
+            slots = [s for b in batches for s in b.slots]
         try:
-            stop = tier.start_reads(*self._targets(batches), partial(self._read_ended, read))
+            views = _SlotViews(self._core.arena.slot_view, slots)
+            stop = tier.start_reads(keys, views, partial(self._read_ended, read))
         except Exception:
             self._read_ended(read, None, Outcome.ERROR)
             return
@@ -444,6 +450,30 @@ class _Read:
         self.task: asyncio.Task[None] | None = None  # a read without one ends by callback
         self.cancelled = False  # by aclose (a read without a task)
         self.timer: asyncio.TimerHandle | None = None
+
+
+class _SlotViews(Sequence[memoryview]):
+    """Views of the slots reserved for a read, each made when the tier asks for it: an SSD
+    tier's threads do, so the loop makes no view per block (the slots stay the read's until
+    it stops: no lock needed)."""
+
+    __slots__ = ("_slots", "_view")
+
+    def __init__(self, view: Callable[[int], memoryview], slots: list[int]) -> None:
+        self._view = view
+        self._slots = slots
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    @overload
+    def __getitem__(self, i: int) -> memoryview: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[memoryview]: ...
+    def __getitem__(self, i: int | slice) -> memoryview | list[memoryview]:
+        if isinstance(i, slice):
+            return list(map(self._view, self._slots[i]))
+        return self._view(self._slots[i])
 
 
 def _nothing() -> None:

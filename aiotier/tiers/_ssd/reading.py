@@ -136,11 +136,12 @@ class SSDReads:
         stopped, from this call when nothing goes to a thread. The return value withdraws the
         ops no thread has started, as cancelling :meth:`read_many_into` does; ``done`` then
         gets None once the others have ended. Nothing starts, and None is returned, when a key
-        is on its way down (read by :meth:`read_many_into` only); errors raise here."""
+        is on its way down (read by :meth:`read_many_into` only); errors raise here. ``bufs``
+        holds memoryviews only, and may make each one when the tier's thread asks for it."""
         handover = self._handover
         if handover and any(as_key(k) in handover for k in keys):
             return None
-        runner, batch, _keys = self._plan(keys, bufs)
+        runner, batch, _keys = self._plan(keys, bufs, views=True)
         if not len(batch):
             done(batch.out)
             return _nothing
@@ -153,15 +154,16 @@ class SSDReads:
         return partial(runner.withdraw, ops, _WITHDRAWN)
 
     def _plan(
-        self, keys: Sequence[bytes], bufs: Sequence[memoryview]
+        self, keys: Sequence[bytes], bufs: Sequence[memoryview], *, views: bool = False
     ) -> tuple[HopRunner, ReadBatch, list[bytes]]:
         """The tier's runner, the batch of reads of ``keys`` into ``bufs`` (their slots pinned)
-        and the keys as bytes; raises when the tier is closed or the lengths differ."""
+        and the keys as bytes; raises when the tier is closed or the lengths differ. ``views``:
+        ``bufs`` holds memoryviews only (maybe made as the threads ask for them)."""
         runner = self._check_open()
         if len(keys) != len(bufs):
             raise ValueError(f"{len(keys)} keys but {len(bufs)} buffers")
         keys = list(keys) if set(map(type, keys)) <= _BYTES else list(map(as_key, keys))
-        if not set(map(type, bufs)) <= _VIEWS:  # a view's format is checked on its thread
+        if not (views or set(map(type, bufs)) <= _VIEWS):  # a view's format: on its thread
             bufs = list(map(byte_view, bufs))  # (raises for what holds no bytes)
         if self._expiry:
             self._expire(keys)  # out of the index: read as absent (-1)
