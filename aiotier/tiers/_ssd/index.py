@@ -92,7 +92,7 @@ class WritePlan:
 class SSDIndex:
     """``slots`` slots and the keys in them, in least-recently-used order.
 
-    Per slot (arrays indexed by slot number): :attr:`state`, the sequence number :attr:`seq`
+    Per slot (indexed by slot number): :attr:`state`, the sequence number :attr:`seq`
     and payload :attr:`length` of the block it holds, :attr:`holds` (reads under way, plus one
     while its header is being cleared) and :attr:`dirty`. Per key: :attr:`lru`, key -> slot,
     least recent first.
@@ -108,7 +108,9 @@ class SSDIndex:
         self.state = bytearray(slots)
         self.seq = array("Q", bytes(8 * slots))
         self.length = array("Q", bytes(8 * slots))
-        self.holds = array("I", bytes(4 * slots))
+        #: A list, not an array: a read's pins are a Python pass per slot on the event loop,
+        #: and a list's item (a small int, shared) is read and set at half an array's cost.
+        self.holds = [0] * slots
         #: 1 for a slot whose header on disk may still be valid although the index holds no
         #: block there (a failed write or clearing): cleared before it is written again.
         self.dirty = bytearray(slots)
@@ -186,12 +188,13 @@ class SSDIndex:
         """:meth:`pin` of each key (a promotion's batch in one call)."""
         lru, holds = self.lru, self.holds
         found: list[int] = list(map(lru.get, keys, repeat(-1)))
+        held = found
         if -1 in found:
             keys = [k for k, slot in zip(keys, found, strict=True) if slot >= 0]
+            held = [slot for slot in found if slot >= 0]
         deque(map(lru.move_to_end, keys), 0)  # each made the most recent, in order
-        for slot in found:
-            if slot >= 0:
-                holds[slot] += 1
+        for slot in held:
+            holds[slot] += 1
         return found
 
     def read_ended(self, slot: int) -> None:
