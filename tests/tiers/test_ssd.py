@@ -278,6 +278,42 @@ async def test_read_many_into_one_bad_block_does_not_fail_its_neighbours(
     assert await lookup_one(tier, b"k3") is LookupResult.MISS
 
 
+async def test_read_many_into_puts_each_answer_at_its_key_s_position(tier: SSDTier) -> None:
+    """Keys asked in another order than their slots (the tier reads in slot order, split over
+    its threads), with absent and repeated keys, buffers too short, of another item format and
+    of another type: each answer and each block's bytes land at the key's own position, and
+    every slot the read pinned is let go."""
+    blocks = {b"b%02d" % i: os.urandom(5_000 + 37 * i) for i in range(40)}
+    assert await tier.write_many(list(blocks.items())) == [None] * 40
+    keys = [*reversed(blocks), b"absent", b"b07", b"b11", b"b20", b"b03"]
+    bufs: list[Any] = [memoryview(bytearray(8_000)) for _ in keys]
+    bufs[5] = memoryview(bytearray(100))  # too short for its block
+    bufs[-1] = memoryview(bytearray(8_000)).cast("I")  # 2000 items of 4 bytes
+    bufs[-2] = bytearray(8_000)  # not a view
+    out = await tier.read_many_into(keys, bufs)
+    for i, k in enumerate(keys):
+        if k == b"absent":
+            assert out[i] == -1
+        elif i == 5:
+            assert isinstance(out[i], ValueError) and repr(k) in str(out[i])
+        else:
+            data = blocks[k]
+            assert out[i] == len(data), (i, k, out[i])
+            assert bytes(memoryview(bufs[i]).cast("B")[: len(data)]) == data
+    assert all(tier.index.holds[s] == 0 for s in tier.index.lru.values())
+
+
+async def test_a_buffer_the_kernel_cannot_read_into_fails_its_read_and_lets_its_slot_go(
+    tier: SSDTier,
+) -> None:
+    await write_one(tier, b"k", b"x" * 100)
+    strided = memoryview(bytearray(400))[::2]  # bytes, one dimension, not contiguous
+    [answer] = await tier.read_many_into([b"k"], [strided])
+    assert isinstance(answer, Exception) and not isinstance(answer, BlockCorruptedError)
+    assert tier.index.holds[tier.index.lru[b"k"]] == 0
+    assert await read(tier, b"k") == b"x" * 100  # the block is still there, unharmed
+
+
 async def test_str_keys_are_their_utf8_bytes(tier: SSDTier) -> None:
     await write_one(tier, "é", b"1")  # type: ignore[arg-type]
     assert await read(tier, "é".encode()) == b"1"
