@@ -30,7 +30,11 @@ from .trace_cases import COUNT_SHARE, COUNT_WINDOW
 
 __all__ = ["main"]
 
-_TOGGLE_C = "#include <valgrind/callgrind.h>\nvoid toggle(void) { CALLGRIND_TOGGLE_COLLECT; }\n"
+_TOGGLE_C = (
+    "#include <valgrind/callgrind.h>\n"
+    "void toggle(void) { CALLGRIND_TOGGLE_COLLECT; }\n"
+    "void dump(void) { CALLGRIND_DUMP_STATS; }\n"
+)
 _LIB_ENV = "AIOTIER_CALLGRIND_TOGGLE"
 
 
