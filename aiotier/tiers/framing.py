@@ -40,6 +40,7 @@ from ..errors import BlockCorruptedError
 
 __all__ = [
     "FORMAT_VERSION",
+    "GIL_HELD_HASH",
     "HEADER",
     "MAGIC",
     "FrameHeader",
@@ -47,6 +48,7 @@ __all__ = [
     "check_header",
     "check_payload",
     "checksum",
+    "checksum_held",
     "encode_frame",
     "encode_header",
     "frame_expiry",
@@ -63,7 +65,24 @@ HEADER: Final = struct.Struct("<4sBBHQQ")
 _EXPIRY: Final = struct.Struct("<d")
 
 checksum = xxhash.xxh3_64_intdigest
+#: The most bytes python-xxhash hashes in one call holding the GIL; above it lets the GIL go.
+GIL_HELD_HASH: Final = 64 << 10
 
+
+def checksum_held(data: memoryview) -> int:
+    """:data:`checksum` of ``data`` (a flat byte view) hashed without letting the GIL go: in
+    pieces of at most :data:`GIL_HELD_HASH` bytes (xxh3's streaming digest is its one-shot
+    one). For a thread that must not give the GIL up per block: while the event loop computes,
+    winning it back takes up to a switch interval (5 ms; ``docs/ssd.md``, "Writes under a busy
+    event loop"), far longer than the hash (~10 µs for 256 KiB)."""
+    n = data.nbytes
+    if n <= GIL_HELD_HASH:
+        return checksum(data)
+    hasher = xxhash.xxh3_64()
+    update = hasher.update
+    for at in range(0, n, GIL_HELD_HASH):
+        update(data[at : at + GIL_HELD_HASH])
+    return hasher.intdigest()
 
 
 class FrameHeader:
@@ -93,9 +112,12 @@ def frame_size(key: bytes, payload_len: int) -> int:
     return HEADER.size + len(key) + payload_len
 
 
-def encode_header(key: bytes, payload: Buffer) -> bytes:
-    """Header and key for ``payload``; the payload follows it unchanged (no copy made here)."""
-    return HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(key), len(payload), checksum(payload)) + key
+def encode_header(key: bytes, payload: Buffer, digest: int | None = None) -> bytes:
+    """Header and key for ``payload``; the payload follows it unchanged (no copy made here).
+    ``digest``: the payload's :data:`checksum` when the caller computed it already."""
+    if digest is None:
+        digest = checksum(payload)
+    return HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(key), len(payload), digest) + key
 
 
 def encode_frame(key: bytes, payload: Buffer, expires_at: float | None = None) -> bytes:

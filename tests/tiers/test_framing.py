@@ -3,17 +3,22 @@ zero-copy reader, each failure named exactly."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aiotier.errors import BlockCorruptedError
 from aiotier.tiers.framing import (
+    GIL_HELD_HASH,
     HEADER,
     block_digest,
     check_header,
     check_payload,
     checksum,
+    checksum_held,
     encode_header,
     parse_header,
     verify_payload,
@@ -115,3 +120,17 @@ def test_block_digest_is_pinned() -> None:
     assert block_digest(b"abc").hex() == "cf4ab791c62b8d2b2109c90275287816"
     assert block_digest(b"").hex() == "cae66941d9efbd404e4d88758ea67670"
     assert block_digest(b"\x00\xff" * 512).hex() == "77f807b67f703f9636a24718e47e1c50"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    size=st.sampled_from([0, 1, GIL_HELD_HASH - 1, GIL_HELD_HASH, GIL_HELD_HASH + 1])
+    | st.integers(0, 5 * GIL_HELD_HASH),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_checksum_held_is_the_one_shot_checksum(size: int, seed: int) -> None:
+    data = random.Random(seed).randbytes(size)
+    assert checksum_held(memoryview(data)) == checksum(data)
+    # what an SSD slot written with it holds: the same header as without it
+    assert encode_header(KEY, data, checksum_held(memoryview(data))) == encode_header(KEY, data)
+

@@ -11,9 +11,11 @@ over every thread.
 Between two blocks a read or clear yields its CPU (:func:`~.syscalls.yield_cpu`): with as many
 copying threads as CPUs, the event loop could otherwise wait for a CPU until the kernel's next
 tick (a kernel built without preemption switches no sooner); after a yield it waits at most one
-block's copy. Writes go to adjacent slots in runs of one ``pwritev`` each instead: every system
-call is a moment the thread gives the GIL up, and a thread that wants it back while the loop
-is busy can wait for milliseconds (``docs/ssd.md``, "Writes under a busy event loop").
+block's copy. Writes go to adjacent slots in runs of one ``pwritev`` each instead, their
+payloads hashed without letting the GIL go: every system call (and every hash of more than
+64 KiB in one call) is a moment the thread gives the GIL up, and a thread that wants it back
+while the loop is busy can wait for milliseconds (``docs/ssd.md``, "Writes under a busy event
+loop").
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from ...errors import BlockCorruptedError
+from ..framing import checksum_held
 from .hops import NEEDS_DISK, DiskOp
 from .slot import CLEARED, HEAD_SIZE, check_slot, encode_head
 from .syscalls import NowaitProbe, pwrite_all, read_exact_into, skip_views, yield_cpu
@@ -400,13 +403,15 @@ class SlotWrites(SlotOp):
 
     def _chunks(self, run: list[int]) -> list[memoryview]:
         """What one ``pwritev`` writes for ``run``: per slot its header and its payload, and
-        zeros over the unused end of every slot but the last."""
+        zeros over the unused end of every slot but the last. The payloads are hashed holding
+        the GIL (:func:`~aiotier.tiers.framing.checksum_held`): the ``pwritev`` is then the
+        run's one release of it."""
         datas, keys, seqs = self.datas, self.keys, self.seqs
         room, last = self.slot_size - HEAD_SIZE, run[-1]
         chunks: list[memoryview] = []
         for i in run:
             data = datas[i]
-            chunks.append(memoryview(encode_head(keys[i], seqs[i], data)))
+            chunks.append(memoryview(encode_head(keys[i], seqs[i], data, checksum_held(data))))
             chunks.append(data)
             if i != last and (tail := room - len(keys[i]) - data.nbytes):
                 chunks.append(_ZEROS[:tail])

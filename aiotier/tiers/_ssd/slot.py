@@ -62,9 +62,10 @@ _KEY_LEN: Final = struct.Struct("<H")
 _KEY_LEN_AT: Final = PREFIX.size + 6  # the frame header's key length
 
 
-def encode_head(key: bytes, seq: int, payload: Buffer) -> bytes:
-    """The slot header (with the key) of ``payload`` written as write ``seq`` of ``key``."""
-    body = _BODY.pack(SLOT_MAGIC, SLOT_VERSION, 0, seq) + encode_header(key, payload)
+def encode_head(key: bytes, seq: int, payload: Buffer, digest: int | None = None) -> bytes:
+    """The slot header (with the key) of ``payload`` written as write ``seq`` of ``key``;
+    ``digest``: the payload's checksum when the caller computed it already."""
+    body = _BODY.pack(SLOT_MAGIC, SLOT_VERSION, 0, seq) + encode_header(key, payload, digest)
     return checksum(body).to_bytes(8, "little") + body
 
 
