@@ -148,6 +148,24 @@ class Coherence:
             out.add(k)  # held, or cannot tell: the copy is presumed where it was
         return out
 
+    def older_copies(self, ti: int, keys: Iterable[bytes]) -> list[bytes]:
+        """Of ``keys``, those tier ``ti`` may hold an older copy of: a write of it is queued or
+        running, or the tier does not say it has none (:meth:`holds` is not False). One call
+        for a put's keys, not three per key."""
+        if not self.readable_tier(ti):
+            return list(keys)
+        writing, stale, hint = self._writing[ti], self._stale[ti], self._hints[ti]
+        out: list[bytes] = []
+        for k in keys:
+            if k not in writing and k not in stale:
+                try:
+                    if hint(k) is False:
+                        continue
+                except Exception:
+                    self._stats.count("tier_errors", self._names[ti], "hint")
+            out.append(k)
+        return out
+
     def is_stale(self, ti: int, k: bytes) -> bool:
         """The last write or remove of ``k`` in tier ``ti`` failed."""
         return k in self._stale[ti]

@@ -112,17 +112,19 @@ class CopyPolicy:
                 kept = self._coherence.kept(ti, list(compress(keys, clean)))
                 if len(kept) == len(keys):
                     return keys  # every one is there already
-            demote, staging = self._writes.demote, self._staging
+            down, slots = keys, evicted.slots
+            if kept:
+                down = [k for k in keys if k not in kept]
+                slots = [s for k, s in zip(keys, slots, strict=True) if k not in kept]
+            staging = self._staging
             if staging is None:
-                read = self._arena.read
-                for k, slot in zip(keys, evicted.slots, strict=True):
-                    if k not in kept:
-                        demote(ti, k, read(slot))
+                self._writes.demote_many(ti, down, list(map(self._arena.read, slots)))
             else:
                 view, stage = self._arena.data_view, staging.copy
-                for k, slot in zip(keys, evicted.slots, strict=True):
-                    if k not in kept:
-                        demote(ti, k, stage(view(slot)), staged=True)
+                datas: list[bytes | memoryview] = []
+                for slot in slots:  # (a loop, not a comprehension: no frame of its own)
+                    datas.append(stage(view(slot)))
+                self._writes.demote_many(ti, down, datas, staged=True)
         return keys
 
     def readmit(
@@ -185,14 +187,9 @@ class CopyPolicy:
         table.set_clean_many(slots, fed is None)
         if fresh or self.immutable_keys:
             return
-        others = self._others
-        if not others:
-            return
-        writing, holds, push = coherence.writing, coherence.holds, writes.push
-        for k in keys:
-            for ti in others:
-                if writing(ti, k) or holds(ti, k) is not False:
-                    push(ti, remove(k))
+        for ti in self._others:
+            for k in coherence.older_copies(ti, keys):
+                writes.push(ti, remove(k))
 
     def at_close(self, write_down_to: int | None) -> None:
         """The engine is closing: queue what must reach the tiers before they close.

@@ -87,9 +87,10 @@ class PrimaryValues:
                 return False
             (slot,), _ = got
             self._arena.write(slot, data)
-        self._expiry.deadlines.arm(slot, expires_at)
+        if expires_at is not None or slot in self._deadlines:  # (else nothing to arm or drop)
+            self._expiry.deadlines.arm(slot, expires_at)
         self._events.append(BlockEvent((k,), self._primary_name, False))
-        self._copies.replaced_everywhere(k, slot, acks=acks)
+        self._copies.replaced_everywhere_many((k,), (slot,), acks=acks)
         return True
 
     def put_value(

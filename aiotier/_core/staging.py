@@ -53,6 +53,17 @@ class StagingBuffers:
         if len(self._free) < self.max_free and type(buf) is bytearray:
             self._free.append(buf)
 
+    def release_many(self, views: list[memoryview]) -> None:
+        """:meth:`release` of each of ``views`` (a write batch's buffers, in one call)."""
+        free, room = self._free, self.max_free - len(self._free)
+        for view in views:
+            if room <= 0:
+                return
+            buf = view.obj
+            if type(buf) is bytearray:
+                free.append(buf)
+                room -= 1
+
     def trim(self) -> None:
         """At a step boundary: of the free buffers beyond as many as were copied into since the
         last trim, let half go."""

@@ -225,9 +225,7 @@ class WriteQueues:
             self._stats.counts[("admissions", name, "admitted")] += 1
             return True
         self._stats.counts[("admissions", name, "rejected")] += 1
-        coherence = self._coherence
-        older = coherence.writing(ti, k) or coherence.holds(ti, k) is not False
-        if older and not self._immutable:
+        if self._coherence.older_copies(ti, (k,)) and not self._immutable:
             self.push(ti, remove(k))  # an older copy there must not be served
         return False
 
@@ -248,6 +246,38 @@ class WriteQueues:
         elif staged and self._staging is not None:
             assert isinstance(data, memoryview)
             self._staging.release(data)
+
+    def demote_many(
+        self,
+        ti: int,
+        keys: Sequence[bytes],
+        datas: Sequence[bytes | memoryview],
+        *,
+        staged: bool = False,
+    ) -> None:
+        """:meth:`demote` of each key with its bytes, in order: a primary's victims (a burst of
+        puts evicts a block per put). With no admission policy and room under the byte bound
+        an op is queued here (what :meth:`push` does then); otherwise :meth:`push` decides."""
+        q, coherence = self._queues[ti], self._coherence
+        in_transit, write_queued = coherence.in_transit, coherence.write_queued
+        admitted = ("admissions", self._names[ti], "admitted")
+        plain = self._admission[ti] is None
+        for k, data in zip(keys, datas, strict=True):
+            op = WriteOp(OpKind.WRITE, k, data, demotion=True, staged=staged)
+            size = len(data)
+            if plain and self.queued_bytes + size <= self.max_bytes:
+                self._stats.counts[admitted] += 1
+                self.queued_bytes += size
+                write_queued(ti, k)
+                q.append(op)
+                if len(q) == 1:
+                    self._notify(ti)
+            elif not self.push(ti, op):
+                if staged and self._staging is not None:
+                    assert isinstance(data, memoryview)
+                    self._staging.release(data)
+                continue
+            in_transit[k] = data  # going down: served from here meanwhile
 
     def next_batch(self, ti: int) -> list[WriteOp]:
         """Neighbouring ops of one kind, in queue order, up to ``BATCH`` ops and ``BATCH_BYTES``,
@@ -367,12 +397,10 @@ class WriteQueues:
         coherence.landed_many(demoted)
         staging = self._staging
         if released and staging is not None:
-            in_transit = coherence.in_transit
-            for op in writes:
-                data = op.data
-                if op.staged and in_transit.get(op.key) is not data:
-                    assert isinstance(data, memoryview)
-                    staging.release(data)
+            get = coherence.in_transit.get
+            staging.release_many([data for op in writes if op.staged
+                                  and isinstance(data := op.data, memoryview)
+                                  and get(op.key) is not data])  # fmt: skip
 
     def drop_all(self, *, failed: bool = True) -> int:
         """Give up on every queued op; return how many. Each is counted as a failed one unless

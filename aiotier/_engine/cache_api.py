@@ -13,9 +13,9 @@ import contextlib
 from collections.abc import Awaitable
 
 from .._core.engine_core import EngineCore
-from .._core.values import check_value_key
+from .._core.values import PIECE_KEY_PREFIX, check_value_key
 from .._core.writeback import WriteAcks
-from .._types import RequestContext, normalize_key
+from .._types import MAX_KEY_BYTES, RequestContext, normalize_key
 from .._validate import check_req, check_ttl, value_data
 from .cache import CacheCalls
 from .loading import Flights, Loader, load_through
@@ -126,7 +126,12 @@ class CacheAPI:
         that returned is on that tier.
         """
         self._guard.check_loop()
-        return await self._store(key, data, self._ttl(ttl))
+        # _store inlined (the hot path of a burst of puts: no coroutine or call it can spare)
+        no_ttl = ttl is None and self.options.default_ttl is None
+        stored, acks = self._put(key, data, None if no_ttl else self._ttl(ttl))
+        if acks is not None and stored:
+            await self._written_through(acks)
+        return stored
 
     async def _store(
         self, key: bytes | str, data: bytes | bytearray | memoryview, ttl: float | None
@@ -170,9 +175,10 @@ class CacheAPI:
         """The synchronous half of ``put`` (a caller's thread can run it: ``BlockingEngine``):
         whether the primary took the value, and the write-through writes to await. ``ttl``
         is checked already (:meth:`_ttl`)."""
-        k = normalize_key(key)
-        check_value_key(k)
-        view = value_data(k, data)
+        k = key if type(key) is bytes and len(key) <= MAX_KEY_BYTES else normalize_key(key)
+        if k.startswith(PIECE_KEY_PREFIX):
+            check_value_key(k)  # raises
+        view = memoryview(data) if type(data) is bytes else value_data(k, data)
         acks = WriteAcks() if self._core.routes.through else None
         with self._guard.lock:
             self._check_open()

@@ -73,7 +73,9 @@ class Values:
         write-through writes. Called with the engine's lock held."""
         core = self._core
         block_size = core.arena.block_size
-        replaced = self.pieces_of(k)  # a value over several blocks goes whole when replaced
+        # a value over several blocks goes whole when replaced (a key held nowhere has none)
+        held = k in core.table.index or k in core.coherence.in_transit
+        replaced = self.pieces_of(k) if held else []
         if expires_at is None and not needs_pieces(view, block_size):
             stored = core.values.put(k, view, acks)
         elif expires_at is not None and view.nbytes + HEAD2_BYTES <= block_size:
@@ -81,7 +83,7 @@ class Values:
             stored = core.values.put(k, head, acks, expires_at=expires_at)
         else:
             stored = self._put_pieces(k, view, block_size, acks, expires_at)
-        if stored:
+        if stored and replaced:
             self.forget(replaced)
         return stored
 

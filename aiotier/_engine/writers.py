@@ -18,7 +18,7 @@ from functools import partial
 from typing import TypeVar, cast
 
 from .._core.engine_core import EngineCore
-from .._core.values import block_expiry
+from .._core.values import MANIFEST_MAGIC, PIECE_KEY_PREFIX, block_expiry
 from .._core.writeback import IN_FLIGHT, OpKind, WriteOp
 from ..errors import TieringError
 from ..tiers.base import BlockMeta, SecondaryTier
@@ -59,6 +59,7 @@ async def bounded_call(
 
 
 _NO_META = BlockMeta()
+_HEAD = len(MANIFEST_MAGIC)
 
 
 def block_metas(items: Sequence[tuple[bytes, bytes | memoryview]]) -> list[BlockMeta] | None:
@@ -66,6 +67,8 @@ def block_metas(items: Sequence[tuple[bytes, bytes | memoryview]]) -> list[Block
     none has any (most batches: every block of the scheduler protocol)."""
     metas: list[BlockMeta] | None = None
     for i, (k, data) in enumerate(items):
+        if data[:_HEAD] != MANIFEST_MAGIC and not k.startswith(PIECE_KEY_PREFIX):
+            continue  # block_expiry's own first look, without a call per block
         expires_at = block_expiry(k, data)
         if expires_at is not None:
             if metas is None:

@@ -125,3 +125,13 @@ def test_end_step_trims_the_engine_s_staging_buffers() -> None:
     assert len(core.staging) == 1
     core.end_step((), ())  # nothing copied since: let go
     assert len(core.staging) == 0
+
+
+def test_buffers_released_together_fill_the_free_list_up_to_max_free() -> None:
+    pool = StagingBuffers(4, max_free=2)
+    views = [pool.copy(memoryview(b"x")) for _ in range(3)]
+    pool.release_many(views)
+    assert len(pool) == 2
+    assert pool.copy(memoryview(b"y")).obj is views[1].obj  # the last one kept comes first
+    pool.release_many([memoryview(b"not ours")])  # a view of anything else is not kept
+    assert len(pool) == 1
