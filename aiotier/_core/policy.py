@@ -162,7 +162,17 @@ class LRUPolicy(EvictionPolicy):
         nxt, prv, s, nil = self._next, self._prev, self._sentinel, self._nil
         if not slots:
             return
-        if len(slots) == 1 or gather(nxt, slots).count(nil) != len(slots) or len(
+        if len(slots) == 1:  # (a put's block: insert inlined)
+            slot = slots[0]
+            if nxt[slot] != nil:
+                self._unlink(slot)
+            tail = prv[s]
+            nxt[tail] = slot
+            prv[slot] = tail
+            nxt[slot] = s
+            prv[s] = slot
+            return
+        if gather(nxt, slots).count(nil) != len(slots) or len(
             set(slots)
         ) != len(slots):
             super().insert_many(slots, keys)  # some are linked already: one at a time
@@ -229,7 +239,7 @@ class LRUPolicy(EvictionPolicy):
                 return None  # fewer than n resident
             take(cur)
             cur = nxt[cur]
-        if n and _all_evictable(evictable, run):
+        if n and (evictable(run[0]) if n == 1 else _all_evictable(evictable, run)):
             nxt[s] = cur
             prv[cur] = s
             for v in run:

@@ -189,8 +189,15 @@ class BlockTable:
                 victims = self.policy.evict(need, evictable)
             if victims is None:
                 return None
-            gone = gather(owners, victims)
-            evicted = Evictions(gone, victims, gather(clean, victims))
+            if len(victims) == 1:  # (a put's one victim: no gather calls)
+                v = victims[0]
+                key = owners[v]
+                assert key is not None  # a resident slot holds its key
+                gone: Sequence[bytes] = (key,)
+                flags: Sequence[int] = (clean[v],)
+            else:
+                gone, flags = gather(owners, victims), gather(clean, victims)
+            evicted = Evictions(gone, victims, flags)
             for k in gone:
                 del index[k]
             if self.deadlines.at:

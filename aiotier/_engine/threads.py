@@ -4,7 +4,7 @@ One lock that every core transition runs under, on the loop as in caller threads
 across an await); wake-ups posted to the engine's loop from whichever thread makes them (a
 ``complete_store`` in a caller thread settles a store that a ``wait`` on the loop awaits); and
 the primary hits a caller's thread answers itself. An engine used from its event loop alone
-keeps the no-op lock.
+keeps a lock of its own that nothing contends.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Sequence
-from types import TracebackType
 from typing import Any
 
 from .._core.stats import StepStats
@@ -20,33 +19,7 @@ from .._core.table import READY, BlockTable
 from .._types import RequestContext, normalize_key, normalize_keys
 from ..errors import TieringError
 
-__all__ = ["NO_LOCK", "CallerThreadAnswers", "EngineLock"]
-
-
-class _NoLock:
-    """A lock that is never contended: one event loop runs one transition at a time."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> None:
-        return None
-
-    def acquire(self) -> bool:
-        return True
-
-    def release(self) -> None:
-        return None
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        return None
-
-
-NO_LOCK = _NoLock()
+__all__ = ["CallerThreadAnswers", "EngineLock"]
 
 
 class EngineLock:
@@ -55,7 +28,8 @@ class EngineLock:
     __slots__ = ("_loop", "_thread", "lock")
 
     def __init__(self) -> None:
-        self.lock: Any = NO_LOCK
+        # uncontended while only the loop calls in; a C-level lock: no Python call to enter
+        self.lock: Any = threading.RLock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: int | None = None
 
