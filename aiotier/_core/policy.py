@@ -271,7 +271,7 @@ class LRUPolicy(EvictionPolicy):
                 return None  # fewer than n resident
             take(cur)
             cur = nxt[cur]
-        if not run or not _all_evictable(evictable, run):
+        if not run or not (evictable(run[0]) if len(run) == 1 else _all_evictable(evictable, run)):
             return super().recycle(keys, evictable)
         if cur != s:  # else the run is the whole list, in order already
             first, last, tail = run[0], run[-1], prv[s]
