@@ -198,16 +198,8 @@ class LRUPolicy(EvictionPolicy):
         nxt, prv, s, nil = self._next, self._prev, self._sentinel, self._nil
         if len(slots) > 1 and gather(nxt, slots[:-1]) == tuple(slots[1:]):
             # a run already linked in this order (as insert_many links a batch): moved whole
-            first, last = slots[0], slots[-1]
-            after = nxt[last]
-            if after != s:
-                before, tail = prv[first], prv[s]
-                nxt[before] = after
-                prv[after] = before
-                nxt[tail] = first
-                prv[first] = tail
-                nxt[last] = s
-                prv[s] = last
+            if nxt[slots[-1]] != s:
+                self._move_run_to_tail(slots[0], slots[-1])
             return
         for slot in slots:  # touch, inlined: a completed store refreshes every block it wrote
             if nxt[slot] == nil or prv[s] == slot:
@@ -261,7 +253,7 @@ class LRUPolicy(EvictionPolicy):
         return victims
 
     def recycle(self, keys: list[bytes], evictable: Evictable) -> list[int] | None:
-        s, nxt, prv = self._sentinel, self._next, self._prev
+        s, nxt = self._sentinel, self._next
         # the common case: the n least recent are all evictable, a run moved whole to the tail
         run: list[int] = []
         take = run.append
@@ -274,14 +266,19 @@ class LRUPolicy(EvictionPolicy):
         if not run or not (evictable(run[0]) if len(run) == 1 else _all_evictable(evictable, run)):
             return super().recycle(keys, evictable)
         if cur != s:  # else the run is the whole list, in order already
-            first, last, tail = run[0], run[-1], prv[s]
-            nxt[s] = cur
-            prv[cur] = s
-            nxt[tail] = first
-            prv[first] = tail
-            nxt[last] = s
-            prv[s] = last
+            self._move_run_to_tail(run[0], run[-1])
         return run
+
+    def _move_run_to_tail(self, first: int, last: int) -> None:
+        """Move the linked run ``first`` … ``last`` (not at the tail) to the most recent end."""
+        nxt, prv, s = self._next, self._prev, self._sentinel
+        before, after, tail = prv[first], nxt[last], prv[s]
+        nxt[before] = after
+        prv[after] = before
+        nxt[tail] = first
+        prv[first] = tail
+        nxt[last] = s
+        prv[s] = last
 
     def candidates(self, n: int, evictable: Evictable) -> list[int]:
         out: list[int] = []
