@@ -239,11 +239,7 @@ class TierReads:
         tier = self._tiers[ti]
         assert isinstance(tier, SSDReads)
         self.reads.add(read)
-        if len(batches) == 1:
-            keys, slots = batches[0].keys, batches[0].slots
-        else:
-            keys = [k for b in batches for k in b.keys]
-            slots = [s for b in batches for s in b.slots]
+        keys, slots = _keys_and_slots(batches)
         try:
             views = _SlotViews(self._core.arena.slot_view, slots)
             stop = tier.start_reads(keys, views, partial(self._read_ended, read))
@@ -295,11 +291,7 @@ class TierReads:
     def _targets(self, batches: list[PromotionBatch]) -> tuple[list[bytes], list[memoryview]]:
         """The keys of ``batches`` and views of the slots reserved for them (the slots stay
         the read's until it completes: no lock needed)."""
-        if len(batches) == 1:
-            keys, slots = batches[0].keys, batches[0].slots
-        else:
-            keys = [k for b in batches for k in b.keys]
-            slots = [s for b in batches for s in b.slots]
+        keys, slots = _keys_and_slots(batches)
         return keys, self._core.arena.slot_views(slots)
 
     def _completed(
@@ -474,6 +466,13 @@ class _SlotViews(Sequence[memoryview]):
         if isinstance(i, slice):
             return list(map(self._view, self._slots[i]))
         return self._view(self._slots[i])
+
+
+def _keys_and_slots(batches: list[PromotionBatch]) -> tuple[list[bytes], list[int]]:
+    """The keys of ``batches`` and the slots reserved for them, in order."""
+    if len(batches) == 1:
+        return batches[0].keys, batches[0].slots
+    return [k for b in batches for k in b.keys], [s for b in batches for s in b.slots]
 
 
 def _nothing() -> None:
