@@ -41,7 +41,8 @@ class TierReads:
     rather than a task: the read returns before anything else runs, so it needs no task, no
     timer to bound it and no waiter. An :class:`~aiotier.SSDTier` is read by a loop callback
     too, and its read ends by a callback from the tier's last thread op (no task, no future
-    to wake it: a loop turn fewer each way); the timer still bounds it.
+    to wake it: a loop turn fewer each way); the timer still bounds it. A caller that waits
+    for keys starts the reads queued for callbacks at once (:meth:`wait`).
     """
 
     def __init__(
@@ -212,11 +213,12 @@ class TierReads:
         else:
             self._read_by_callback(ti, batches)
 
-    def _read_inline_now(self) -> None:
-        """Run the queued reads of tiers that never suspend now, not a loop turn later: a
-        caller about to wait for their keys would otherwise await a future and a timer for a
-        call that returns before anything else runs."""
-        for ti in [ti for ti in self._callbacks if self._inline[ti]]:
+    def _read_queued_now(self) -> None:
+        """Start the reads queued for a loop callback now, not a loop turn later: the caller
+        is about to wait for their keys. A read that never suspends is then done before the
+        caller awaits anything (no future, no timer), and an SSD read's threads start the turn
+        sooner."""
+        for ti in list(self._callbacks):
             self._callbacks[ti].cancel()
             self._read_queued(ti)
 
@@ -375,7 +377,7 @@ class TierReads:
         deadline = None if timeout is None else loop.time() + timeout
         table, in_flight = core.table, core.answers.in_flight
         if self._callbacks:
-            self._read_inline_now()
+            self._read_queued_now()
         with lock:
             if table.all_ready(ks):
                 return [LookupResult.HIT] * len(ks)

@@ -180,8 +180,8 @@ class SlotReads(SlotOp):
     the exception; :attr:`failed` when any is an exception).
     """
 
-    __slots__ = ("at", "cold", "failed", "held", "keys", "out", "pos", "seqs", "slots",
-                 "source", "views")  # fmt: skip
+    __slots__ = ("_resolved", "at", "cold", "failed", "held", "keys", "out", "pos", "seqs",
+                 "slots", "source", "views")  # fmt: skip
 
     def __init__(
         self,
@@ -204,18 +204,24 @@ class SlotReads(SlotOp):
         self.held: list[int] = []
         self.seqs: list[int] = []
         self.views: list[memoryview] = []
+        #: Per block read, its answer (a length or the exception).
         self.out: list[Any] = []
         self.failed = False
         self.cold: list[tuple[int, bytearray, int]] = []
+        # how many of ``pos`` are resolved
+        self._resolved = 0
 
-    def resolve(self) -> None:
-        """On the thread, first: each block's file, offset, sequence number and buffer (a
-        buffer shorter than its block gets a ``ValueError``, and no read)."""
+    def resolve(self, upto: int | None = None) -> None:
+        """On the thread: each block's file, offset, sequence number and buffer, for the
+        positions ``pos[:upto]`` not resolved yet (a buffer shorter than its block gets a
+        ``ValueError``, and no read)."""
         src = self.source
         keys, found, bufs, out = src.keys, src.found, src.bufs, src.out
         seq, length, files, size = src.seq, src.length, src.files, src.slot_size
-        per_file = src.per_file
-        for i in self.pos:
+        per_file, first = src.per_file, self._resolved
+        todo = self.pos[first:upto]
+        self._resolved = first + len(todo)
+        for i in todo:
             slot, view = found[i], bufs[i]
             if view.__class__ is not memoryview or view.format != "B" or view.ndim != 1:
                 view = byte_view(view)
@@ -234,6 +240,18 @@ class SlotReads(SlotOp):
             self.held.append(slot)
             self.seqs.append(seq[slot])
             self.views.append(view[:n])
+            self.out.append(None)
+
+    def _resolve_next(self) -> bool:
+        """Resolve positions one by one until a block to read is added; False when none is
+        left."""
+        keys, pos = self.keys, self.pos
+        had = len(keys)
+        while self._resolved < len(pos):
+            self.resolve(self._resolved + 1)
+            if len(keys) > had:
+                return True
+        return False
 
     def _publish(self, out: list[Any]) -> list[Any]:
         """On the thread, last: each answer put in the batch's ``out``."""
@@ -245,20 +263,24 @@ class SlotReads(SlotOp):
         return out
 
     def start(self, nowait: NowaitProbe) -> Any:
-        self.resolve()
         fds, offsets, keys, seqs, views = self.fds, self.offsets, self.keys, self.seqs, self.views
-        out: list[Any] = [None] * len(keys)
-        cold = self.cold
-        if nowait.resting and self._forward_run(0):
-            # The tier is reading from the disk: this op is one stream, read in order unprobed.
-            nowait.rest_on()
-            cold.extend((i, bytearray(HEAD_SIZE + len(k)), 0) for i, k in enumerate(keys))
-            self.out = out
-            return NEEDS_DISK
-        for i, key in enumerate(keys):
+        out, cold = self.out, self.cold
+        if nowait.resting:
+            self.resolve()
+            if self._forward_run(0):
+                # The tier is reading from the disk: this op is one stream, read in order
+                # unprobed.
+                nowait.rest_on()
+                cold.extend((i, bytearray(HEAD_SIZE + len(k)), 0) for i, k in enumerate(keys))
+                return NEEDS_DISK
+        # Each block is resolved just before its read: the op's first read starts at once, and
+        # the other threads' ops get the GIL while it runs rather than after a whole plan.
+        i = -1
+        while i + 1 < len(keys) or self._resolve_next():
+            i += 1
             if i:
                 yield_cpu()
-            view = views[i]
+            key, view = keys[i], views[i]
             head = bytearray(HEAD_SIZE + len(key))
             try:
                 got = nowait.preadv(fds[i], [memoryview(head), view], offsets[i])
@@ -269,6 +291,7 @@ class SlotReads(SlotOp):
                 out[i] = exc
                 continue
             cold.append((i, head, got))
+            self.resolve()  # the rest, to tell whether it reads one file forwards
             if i + 2 < len(keys) and self._forward_run(i):
                 # The rest of the op reads one file forwards: read it in order without probing
                 # or advising, so the kernel's readahead sees (and streams) a sequential read.
@@ -278,7 +301,6 @@ class SlotReads(SlotOp):
                 break
         else:
             scattered = len(cold)
-        self.out = out
         if not cold:
             return self._publish(out)
         # The scattered cold blocks: one WILLNEED per run of near ones, so the kernel fetches
