@@ -16,6 +16,7 @@ import shutil
 import stat
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from itertools import pairwise
 from pathlib import Path
@@ -769,7 +770,7 @@ def _read_op(tier: SSDTier, key: bytes, slot: int, seq: int, buf: bytearray) -> 
         [key], [slot], [memoryview(buf)], [-1], {slot: seq}, {slot: 1000}, tier._fds,
         tier._per_file, tier._slot_size, tier.name,
     )  # fmt: skip
-    return SlotReads(source, [0], [slot], 1000, print)
+    return SlotReads(source, deque([0]), 1000, print)
 
 
 async def test_foreign_slot_file_is_all_misses(root: Path, tmp_path: Path) -> None:
@@ -1245,16 +1246,67 @@ async def test_cancelled_read_does_not_return_while_its_thread_writes_the_buffer
     assert tier.index.holds[tier.index.lru[b"k"]] == 0
 
 
-async def test_queued_read_cancelled_before_its_hop_is_withdrawn(root: Path) -> None:
-    async with SSDTier(root, MiB, io_threads=1, block_size=4096) as t:
-        await write_one(t, b"k", b"v" * 10)
-        task = asyncio.ensure_future(read_one(t, b"k", memoryview(bytearray(10))))
+@pytest.mark.parametrize(("threads", "n"), [(1, 1), (2, 6)])
+async def test_queued_read_cancelled_before_its_hop_is_withdrawn(
+    root: Path, threads: int, n: int
+) -> None:
+    """Cancelled before the flush: every op of the read is taken back (one per thread), and
+    every slot it pinned is let go."""
+    async with SSDTier(root, MiB, io_threads=threads, block_size=4096) as t:
+        blocks = {b"k%d" % i: b"v%d" % i * 10 for i in range(n)}
+        assert await t.write_many(list(blocks.items())) == [None] * n
+        bufs = [memoryview(bytearray(100)) for _ in blocks]
+        task = asyncio.ensure_future(t.read_many_into(list(blocks), bufs))
         await asyncio.sleep(0)  # queued, the flush not yet run
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert t.index.holds[t.index.lru[b"k"]] == 0  # the withdrawn read let go of its slot
-        assert await read(t, b"k") == b"v" * 10
+        assert sum(t.index.holds) == 0  # the withdrawn read let go of its slots
+        for k, v in blocks.items():
+            assert await read(t, k) == v
+
+
+async def test_a_read_s_free_thread_reads_the_blocks_a_held_thread_has_not_reached(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ops of one read share its blocks: while one thread is held on its first block, the
+    other reads every other block of the batch (its own and the held op's), so the threads of
+    a batch end together however unevenly they run. Every answer lands at its key and every
+    pin is let go."""
+    async with SSDTier(root, 16 * MiB, io_threads=2, block_size=BS) as t:
+        blocks = {b"b%02d" % i: os.urandom(1000 + i) for i in range(16)}
+        assert await t.write_many(list(blocks.items())) == [None] * 16
+        nowait = _runner(t).nowait
+        real = nowait.preadv
+        lock = threading.Lock()
+        held = threading.Event()
+        release = threading.Event()
+        reads: dict[int, int] = {}
+
+        def preadv(*args: Any) -> int:
+            me = threading.get_ident()
+            with lock:
+                first = not held.is_set()
+                held.set()
+                reads[me] = reads.get(me, 0) + 1
+            if first:
+                assert release.wait(10)
+            return real(*args)
+
+        monkeypatch.setattr(nowait, "preadv", preadv)
+        keys = list(blocks)
+        bufs = [memoryview(bytearray(2000)) for _ in keys]
+        task = asyncio.ensure_future(t.read_many_into(keys, bufs))
+        await until(lambda: sum(reads.values()) == 16)  # all but the held block: read
+        assert sorted(reads.values()) == [1, 15]
+        assert not task.done()
+        release.set()
+        out = await asyncio.wait_for(task, 10)
+        assert out == [len(v) for v in blocks.values()]
+        assert [bytes(b[: len(v)]) for b, v in zip(bufs, blocks.values(), strict=True)] == list(
+            blocks.values()
+        )
+        assert sum(t.index.holds) == 0
 
 
 async def test_no_blocking_call_on_the_event_loop(root: Path) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -140,7 +141,7 @@ class SlotSource:
     while the slot is pinned: a held slot is neither evicted nor freed); where slots are."""
 
     __slots__ = ("bufs", "files", "found", "keys", "length", "out", "per_file", "seq",
-                 "slot_size", "tier_name")  # fmt: skip
+                 "slot_size", "tier_name", "todos")  # fmt: skip
 
     def __init__(
         self,
@@ -165,39 +166,57 @@ class SlotSource:
         self.per_file = per_file
         self.slot_size = slot_size
         self.tier_name = tier_name
+        #: Per op of the batch, the positions no thread has taken yet (file order).
+        self.todos: list[deque[int]] = []
+
+    def untaken(self) -> list[int]:
+        """Take every position no op has taken (no thread takes one after this)."""
+        left: list[int] = []
+        for todo in self.todos:
+            while todo:
+                try:
+                    left.append(todo.popleft())
+                except IndexError:  # a thread took it meanwhile
+                    break
+        return left
 
 
 class SlotReads(SlotOp):
     """Blocks read straight into caller buffers: per block one ``preadv`` of header and payload
     at the slot's offset in an open file, then :func:`~.slot.check_slot` (one hash call).
 
-    The op is the positions ``pos`` of its batch (:class:`SlotSource`): its thread works out
-    each block's file, offset and length first (:meth:`resolve`), so the loop makes no pass per
-    block for it. :meth:`start` takes what the page cache holds (``RWF_NOWAIT``); blocks that
-    would wait for the disk are advised ``WILLNEED`` together and read by :meth:`complete`, so
-    one cold block never holds up the warm ones. Each answer goes to the batch's ``out`` at its
-    position, from the thread; the outcome is the op's own list (per block read, its length or
-    the exception; :attr:`failed` when any is an exception).
+    The op reads the positions of its batch (:class:`SlotSource`) queued in :attr:`todo`; once
+    they run out, it takes the last ones queued for the batch's other ops (the
+    :attr:`SlotSource.todos`), so the threads of a batch end within a block of each other
+    however unevenly they run. Its thread works out each block's file, offset and length just
+    before reading it (:meth:`_take`), so the loop makes no pass per block for it. :meth:`start`
+    takes what the page cache holds (``RWF_NOWAIT``); blocks that would wait for the disk are
+    advised ``WILLNEED`` together and read by :meth:`complete`, so one cold block never holds
+    up the warm ones. Each answer goes to the batch's ``out`` at its position, from the thread;
+    the outcome is the op's own list (per block read, its length or the exception;
+    :attr:`failed` when any is an exception).
     """
 
-    __slots__ = ("_resolved", "at", "cold", "failed", "held", "keys", "out", "pos", "seqs",
-                 "slots", "source", "views")  # fmt: skip
+    __slots__ = ("at", "cold", "failed", "held", "keys", "out", "pos", "seqs", "slots",
+                 "source", "todo", "views")  # fmt: skip
 
     def __init__(
         self,
         source: SlotSource,
-        pos: list[int],
-        slots: list[int],
+        todo: deque[int],
         nbytes: int,
         done: Callable[[SlotReads, Any], None],
     ) -> None:
-        """Read the blocks at positions ``pos`` of ``source``, pinned at ``slots`` (loop-side
-        data for ``done``: they are let go there)."""
+        """Read the blocks at the positions ``todo`` of ``source`` (and what the other ops of
+        the batch leave)."""
         SlotOp.__init__(self, [], [], nbytes, done)
         self.source = source
-        self.pos = pos
-        self.slots = slots
-        #: Per block read (filled in by :meth:`resolve`): its position, key, slot, sequence
+        self.todo = todo
+        #: The positions this op took, and the slots pinned for them (loop-side data for
+        #: ``done``: they are let go there).
+        self.pos: list[int] = []
+        self.slots: list[int] = []
+        #: Per block read (filled in by :meth:`_take`): its position, key, slot, sequence
         #: number and the caller's buffer cut to its length.
         self.at: list[int] = []
         self.keys: list[bytes] = []
@@ -208,50 +227,63 @@ class SlotReads(SlotOp):
         self.out: list[Any] = []
         self.failed = False
         self.cold: list[tuple[int, bytearray, int]] = []
-        # how many of ``pos`` are resolved
-        self._resolved = 0
 
-    def resolve(self, upto: int | None = None) -> None:
-        """On the thread: each block's file, offset, sequence number and buffer, for the
-        positions ``pos[:upto]`` not resolved yet (a buffer shorter than its block gets a
-        ``ValueError``, and no read)."""
+    def _take(self, i: int) -> None:
+        """On the thread: position ``i`` is this op's; its file, offset, sequence number and
+        buffer (a buffer shorter than its block gets a ``ValueError``, and no read)."""
         src = self.source
-        keys, found, bufs, out = src.keys, src.found, src.bufs, src.out
-        seq, length, files, size = src.seq, src.length, src.files, src.slot_size
-        per_file, first = src.per_file, self._resolved
-        todo = self.pos[first:upto]
-        self._resolved = first + len(todo)
-        for i in todo:
-            slot, view = found[i], bufs[i]
-            if view.__class__ is not memoryview or view.format != "B" or view.ndim != 1:
-                view = byte_view(view)
-            n = length[slot]
-            if view.nbytes < n:
-                out[i] = ValueError(
-                    f"ssd tier {src.tier_name!r}: block {keys[i][:64]!r} is {n} bytes, "
-                    f"buffer holds {view.nbytes}"
-                )
-                continue
-            f, k = divmod(slot, per_file)
-            self.fds.append(files[f])
-            self.offsets.append(k * size)
-            self.at.append(i)
-            self.keys.append(keys[i])
-            self.held.append(slot)
-            self.seqs.append(seq[slot])
-            self.views.append(view[:n])
-            self.out.append(None)
+        slot, view = src.found[i], src.bufs[i]
+        self.pos.append(i)
+        self.slots.append(slot)
+        if view.__class__ is not memoryview or view.format != "B" or view.ndim != 1:
+            view = byte_view(view)
+        n = src.length[slot]
+        if view.nbytes < n:
+            src.out[i] = ValueError(
+                f"ssd tier {src.tier_name!r}: block {src.keys[i][:64]!r} is {n} bytes, "
+                f"buffer holds {view.nbytes}"
+            )
+            return
+        f, k = divmod(slot, src.per_file)
+        self.fds.append(src.files[f])
+        self.offsets.append(k * src.slot_size)
+        self.at.append(i)
+        self.keys.append(src.keys[i])
+        self.held.append(slot)
+        self.seqs.append(src.seq[slot])
+        self.views.append(view[:n])
+        self.out.append(None)
 
-    def _resolve_next(self) -> bool:
-        """Resolve positions one by one until a block to read is added; False when none is
-        left."""
-        keys, pos = self.keys, self.pos
+    def resolve(self) -> None:
+        """On the thread: take every position left in :attr:`todo`."""
+        todo = self.todo
+        while todo:
+            try:
+                i = todo.popleft()
+            except IndexError:  # a peer took it meanwhile
+                return
+            self._take(i)
+
+    def _take_next(self) -> bool:
+        """Take the next block to read: the first left in :attr:`todo`, else the last left in
+        another op's; False when no op has one left."""
+        keys = self.keys
         had = len(keys)
-        while self._resolved < len(pos):
-            self.resolve(self._resolved + 1)
-            if len(keys) > had:
-                return True
+        for todo, take in ((self.todo, self.todo.popleft), *self._peers()):
+            while todo:
+                try:
+                    i = take()
+                except IndexError:  # taken meanwhile
+                    break
+                self._take(i)
+                if len(keys) > had:
+                    return True
         return False
+
+    def _peers(self) -> list[tuple[deque[int], Callable[[], int]]]:
+        """The other ops' queues, each taken from its end (the blocks their own op reaches
+        last)."""
+        return [(todo, todo.pop) for todo in self.source.todos if todo is not self.todo]
 
     def _publish(self, out: list[Any]) -> list[Any]:
         """On the thread, last: each answer put in the batch's ``out``."""
@@ -273,10 +305,10 @@ class SlotReads(SlotOp):
                 nowait.rest_on()
                 cold.extend((i, bytearray(HEAD_SIZE + len(k)), 0) for i, k in enumerate(keys))
                 return NEEDS_DISK
-        # Each block is resolved just before its read: the op's first read starts at once, and
+        # Each block is taken just before its read: the op's first read starts at once, and
         # the other threads' ops get the GIL while it runs rather than after a whole plan.
         i = -1
-        while i + 1 < len(keys) or self._resolve_next():
+        while i + 1 < len(keys) or self._take_next():
             i += 1
             if i:
                 yield_cpu()

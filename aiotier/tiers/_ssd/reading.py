@@ -113,9 +113,8 @@ class SSDReads:
             ops = batch.ops(self._parts(len(batch), runner), self._reads_done)
             try:
                 await runner.submit_group(ops, withdrawable=True)
-            except asyncio.CancelledError:
-                self._withdrawn(ops)
-                raise
+            finally:
+                self._untaken(batch)
         for i in batch.missing:
             if keys[i] in self._handover:  # evicted a moment ago, on its way down
                 try:
@@ -148,7 +147,8 @@ class SSDReads:
         ops = batch.ops(self._parts(len(batch), runner), self._reads_done)
 
         def ended(results: list[Any]) -> None:
-            done(None if self._withdrawn(ops) else batch.out)
+            self._untaken(batch)
+            done(None if any(op.withdrawn for op in ops) else batch.out)
 
         runner.start_group(ops, ended)
         return partial(runner.withdraw, ops, _WITHDRAWN)
@@ -172,13 +172,18 @@ class SSDReads:
         )
         return runner, batch, keys
 
-    def _withdrawn(self, ops: list[SlotReads]) -> bool:
-        """Let go of the slots of ``ops`` taken back before a thread saw them (their reads
-        never end there); whether there were any."""
-        taken = [op for op in ops if op.withdrawn]
-        for op in taken:
-            self._index.reads_ended(op.slots)
-        return bool(taken)
+    def _untaken(self, batch: ReadBatch) -> None:
+        """After the ops of ``batch`` stopped: let go of the blocks none of them took (their
+        ops were taken back before a thread saw them, or one failed whole), each answered as
+        not read."""
+        left = batch.untaken()
+        if left:
+            err = TierUnavailableError(f"ssd tier {self.name!r}: block not read: its read stopped")
+            found = batch.source.found
+            self._index.reads_ended([found[i] for i in left])
+            for i in left:
+                batch.out[i] = err
+            self._room.set()
 
     def _locate(self, slot: int) -> tuple[int, int]:
         f, i = divmod(slot, self._per_file)

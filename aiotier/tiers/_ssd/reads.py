@@ -1,18 +1,19 @@
 """A batch of reads planned (sans-IO): the keys' slots pinned in the index and put in file
-order, split into one read op per thread.
+order, queued for one read op per thread.
 
 The loop's share of a batch is the index's pins and one sort; everything else a block needs
 (its file and offset, sequence number and length, the buffer cut to it) the op works out on
-its thread (:meth:`~.ops.SlotReads.resolve`), where it overlaps the other threads' reads
-instead of delaying them all: the plan runs on the event loop, serial with the batch.
+its thread just before reading it, where it overlaps the other threads' reads instead of
+delaying them all: the plan runs on the event loop, serial with the batch. Which op reads a
+block is settled on the threads too: an op that runs out takes from the others' queues.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..._core.gather import gather
 from .index import SSDIndex
 from .ops import SlotReads, SlotSource
 
@@ -58,13 +59,14 @@ class ReadBatch:
         return len(self.pos)
 
     def ops(self, parts: int, done: Callable[[SlotReads, Any], None]) -> list[SlotReads]:
-        """The reads as ``parts`` ops, one per thread. Each takes one of every ``parts`` blocks:
-        to the kernel, a batch in file order stays one forward stream (its readahead keeps
-        working on cold blocks)."""
+        """The reads as ``parts`` ops, one per thread. Each is queued one of every ``parts``
+        blocks: to the kernel, a batch in file order stays one forward stream (its readahead
+        keeps working on cold blocks). An op whose queue runs out takes from the others'."""
         source, size = self.source, self.source.slot_size
-        ops = []
-        for p in range(parts):
-            pos = self.pos[p::parts]
-            slots = list(gather(source.found, pos))
-            ops.append(SlotReads(source, pos, slots, len(pos) * size, done))
-        return ops
+        todos = source.todos = [deque(self.pos[p::parts]) for p in range(parts)]
+        return [SlotReads(source, todo, len(todo) * size, done) for todo in todos]
+
+    def untaken(self) -> list[int]:
+        """After the ops stopped: the positions none of them took (ops taken back before a
+        thread saw them, or one that failed whole), taken now; their slots are still pinned."""
+        return self.source.untaken()
