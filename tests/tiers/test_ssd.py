@@ -26,6 +26,7 @@ import pytest
 from blockbuster import blockbuster_ctx
 from helpers import check_written_views_may_be_reused, lookup_one, read_one, remove_one, write_one
 
+from aiotier import BlockMeta
 from aiotier._types import LookupResult
 from aiotier.errors import BlockCorruptedError, ConfigError, TieringError, TierUnavailableError
 from aiotier.tiers import SSDTier, TierSetup
@@ -973,6 +974,9 @@ async def test_evicted_block_stays_readable_until_the_tier_below_took_it(root: P
         )
         assert results[1:] == [b"0" * 1000] * 5
         assert await lookup_one(t, b"k0") is LookupResult.HIT  # in memory, on its way down
+        keys = [b"k0", b"k1", b"k2", b"absent"]
+        assert t.contains_hints(keys) == [t.contains_hint(k) for k in keys]
+        assert t.contains_hints(keys) == [True, True, True, False]
         assert await read(t, b"k0") == b"0" * 1000
         assert t.take_evictions() == [(b"k0", b"0" * 1000)]
         assert await lookup_one(t, b"k0") is LookupResult.MISS
@@ -981,6 +985,18 @@ async def test_evicted_block_stays_readable_until_the_tier_below_took_it(root: P
         await write_one(t, b"k1", b"n" * 1000)  # evicts k2; k1's old bytes are no longer handed
         assert [k for k, _ in t.take_evictions()] == [b"k2"]
         assert await read(t, b"k1") == b"n" * 1000
+
+
+async def test_contains_hints_agree_with_contains_hint_key_by_key(root: Path) -> None:
+    """The batch answer the engine asks when a primary eviction drops clean blocks: held,
+    absent and expired keys, asked in one pass as key by key."""
+    async with SSDTier(root, MiB, block_size=4096) as t:
+        await t.write_many([(b"a", b"a" * 10), (b"b", b"b" * 10)])
+        keys = [b"a", b"b", b"absent"]
+        assert t.contains_hints(keys) == [t.contains_hint(k) for k in keys] == [True, True, False]
+        await t.write_many([(b"e", b"e" * 10)], [BlockMeta(expires_at=time.time() - 1)])
+        keys = [b"a", b"e", b"absent"]
+        assert t.contains_hints(keys) == [t.contains_hint(k) for k in keys] == [True, False, False]
 
 
 async def test_batch_larger_than_the_tier_keeps_the_last_blocks(root: Path) -> None:

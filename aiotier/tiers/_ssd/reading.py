@@ -79,6 +79,19 @@ class SSDReads:
             return False
         return key in self._index.lru or key in self._handover
 
+    def contains_hints(self, keys: list[bytes]) -> list[bool | None]:
+        """:meth:`contains_hint` of each key in one C-level pass (the engine asks about every
+        clean block a full primary drops)."""
+        if type(self).contains_hint is not SSDReads.contains_hint or self._expiry.deadlines.at:
+            return list(map(self.contains_hint, keys))  # a subclass's answer, or expiry to check
+        if set(map(type, keys)) - _BYTES:
+            keys = list(map(as_key, keys))
+        held: list[bool | None] = list(map(self._index.lru.__contains__, keys))
+        if self._handover and False in held:
+            handover = self._handover
+            return [h or k in handover for k, h in zip(keys, held, strict=True)]
+        return held
+
     def _expire(self, keys: Iterable[bytes]) -> set[bytes]:
         """Those of ``keys`` past their expiry: they answer as absent; each one no write or
         remove is under way for leaves the index now."""
