@@ -267,23 +267,26 @@ class SlotReads(SlotOp):
     def _take_next(self) -> bool:
         """Take the next block to read: the first left in :attr:`todo`, else the last left in
         another op's; False when no op has one left."""
-        keys = self.keys
+        keys, own = self.keys, self.todo
         had = len(keys)
-        for todo, take in ((self.todo, self.todo.popleft), *self._peers()):
-            while todo:
+        while own:
+            try:
+                i = own.popleft()
+            except IndexError:  # taken meanwhile by another op
+                break
+            self._take(i)
+            if len(keys) > had:
+                return True
+        for todo in self.source.todos:
+            while todo:  # another op's: from its end, the blocks that op reaches last
                 try:
-                    i = take()
-                except IndexError:  # taken meanwhile
+                    i = todo.pop()
+                except IndexError:
                     break
                 self._take(i)
                 if len(keys) > had:
                     return True
         return False
-
-    def _peers(self) -> list[tuple[deque[int], Callable[[], int]]]:
-        """The other ops' queues, each taken from its end (the blocks their own op reaches
-        last)."""
-        return [(todo, todo.pop) for todo in self.source.todos if todo is not self.todo]
 
     def _publish(self, out: list[Any]) -> list[Any]:
         """On the thread, last: each answer put in the batch's ``out``."""
