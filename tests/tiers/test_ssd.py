@@ -1262,22 +1262,52 @@ async def test_cancelled_read_does_not_return_while_its_thread_writes_the_buffer
     assert tier.index.holds[tier.index.lru[b"k"]] == 0
 
 
-@pytest.mark.parametrize(("threads", "n"), [(1, 1), (2, 6)])
-async def test_queued_read_cancelled_before_its_hop_is_withdrawn(
-    root: Path, threads: int, n: int
-) -> None:
-    """Cancelled before the flush: every op of the read is taken back (one per thread), and
-    every slot it pinned is let go."""
-    async with SSDTier(root, MiB, io_threads=threads, block_size=4096) as t:
-        blocks = {b"k%d" % i: b"v%d" % i * 10 for i in range(n)}
-        assert await t.write_many(list(blocks.items())) == [None] * n
-        bufs = [memoryview(bytearray(100)) for _ in blocks]
-        task = asyncio.ensure_future(t.read_many_into(list(blocks), bufs))
+async def test_queued_read_cancelled_before_its_hop_is_withdrawn(root: Path) -> None:
+    async with SSDTier(root, MiB, io_threads=1, block_size=4096) as t:
+        await write_one(t, b"k", b"v" * 10)
+        task = asyncio.ensure_future(read_one(t, b"k", memoryview(bytearray(10))))
         await asyncio.sleep(0)  # queued, the flush not yet run
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert sum(t.index.holds) == 0  # the withdrawn read let go of its slots
+        assert t.index.holds[t.index.lru[b"k"]] == 0  # the withdrawn read let go of its slot
+        assert await read(t, b"k") == b"v" * 10
+
+
+async def test_a_read_whose_ops_wait_behind_busy_threads_lets_every_slot_go_when_cancelled(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both threads held by another read: a second read's ops wait in the queue; cancelled,
+    they are taken back before any thread saw them, and every slot the read pinned is let go
+    at once (no op took its blocks), while the first read still runs."""
+    async with SSDTier(root, 16 * MiB, io_threads=2, block_size=BS) as t:  # two ops per read
+        blocks = {b"k%d" % i: b"v%d" % i * 10 for i in range(8)}
+        assert await t.write_many(list(blocks.items())) == [None] * 8
+        first, second = list(blocks)[:2], list(blocks)[2:]
+        nowait = _runner(t).nowait
+        real = nowait.preadv
+        entered: list[int] = []
+        release = threading.Event()
+
+        def held_preadv(*args: Any) -> int:
+            entered.append(threading.get_ident())
+            assert release.wait(10)
+            return real(*args)
+
+        monkeypatch.setattr(nowait, "preadv", held_preadv)
+        bufs = [memoryview(bytearray(100)) for _ in blocks]
+        busy = asyncio.ensure_future(t.read_many_into(first, bufs[:2]))
+        await until(lambda: len(entered) == 2)  # each thread holds one of its blocks
+        waiting = asyncio.ensure_future(t.read_many_into(second, bufs[2:]))
+        await asyncio.sleep(0)  # its ops queued behind the busy threads
+        assert all(t.index.holds[t.index.lru[k]] == 1 for k in second)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert [t.index.holds[t.index.lru[k]] for k in second] == [0] * 6
+        release.set()
+        assert await asyncio.wait_for(busy, 10) == [len(blocks[k]) for k in first]
+        assert sum(t.index.holds) == 0
         for k, v in blocks.items():
             assert await read(t, k) == v
 

@@ -138,7 +138,8 @@ class SlotSource:
     """A read batch's blocks as the loop planned them, shared by its ops: per position the
     key, the slot its read pinned (-1: absent), the caller's buffer and the answer (:attr:`out`,
     filled in by the ops' threads); the index's sequence numbers and lengths per slot (stable
-    while the slot is pinned: a held slot is neither evicted nor freed); where slots are."""
+    while the slot is pinned: a held slot is neither evicted nor freed); where slots are; and
+    the positions each op has still to take (:attr:`todos`)."""
 
     __slots__ = ("bufs", "files", "found", "keys", "length", "out", "per_file", "seq",
                  "slot_size", "tier_name", "todos")  # fmt: skip
@@ -170,7 +171,8 @@ class SlotSource:
         self.todos: list[deque[int]] = []
 
     def untaken(self) -> list[int]:
-        """Take every position no op has taken (no thread takes one after this)."""
+        """Take every position no op has taken (no thread takes one after this): after the
+        ops stopped, the blocks none of them read, their slots still pinned."""
         left: list[int] = []
         for todo in self.todos:
             while todo:

@@ -189,7 +189,7 @@ class SSDReads:
         """After the ops of ``batch`` stopped: let go of the blocks none of them took (their
         ops were taken back before a thread saw them, or one failed whole), each answered as
         not read."""
-        left = batch.untaken()
+        left = batch.source.untaken()
         if left:
             err = TierUnavailableError(f"ssd tier {self.name!r}: block not read: its read stopped")
             found = batch.source.found

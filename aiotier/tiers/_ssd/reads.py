@@ -65,8 +65,3 @@ class ReadBatch:
         source, size = self.source, self.source.slot_size
         todos = source.todos = [deque(self.pos[p::parts]) for p in range(parts)]
         return [SlotReads(source, todo, len(todo) * size, done) for todo in todos]
-
-    def untaken(self) -> list[int]:
-        """After the ops stopped: the positions none of them took (ops taken back before a
-        thread saw them, or one that failed whole), taken now; their slots are still pinned."""
-        return self.source.untaken()
