@@ -259,35 +259,29 @@ class SlotReads(SlotOp):
     def resolve(self) -> None:
         """On the thread: take every position left in :attr:`todo`."""
         todo = self.todo
-        while todo:
-            try:
-                i = todo.popleft()
-            except IndexError:  # a peer took it meanwhile
-                return
-            self._take(i)
+        while self._take_from(todo, todo.popleft, len(self.keys)):
+            pass
 
     def _take_next(self) -> bool:
         """Take the next block to read: the first left in :attr:`todo`, else the last left in
-        another op's; False when no op has one left."""
-        keys, own = self.keys, self.todo
-        had = len(keys)
-        while own:
+        another op's (the block that op would reach last); False when no op has one left."""
+        own, had = self.todo, len(self.keys)
+        if self._take_from(own, own.popleft, had):
+            return True
+        return any(self._take_from(todo, todo.pop, had) for todo in self.source.todos)
+
+    def _take_from(self, todo: deque[int], pop: Callable[[], int], had: int) -> bool:
+        """Take positions from ``todo`` by ``pop`` until this op has more than ``had`` blocks
+        to read (True) or ``todo`` is empty (False)."""
+        keys = self.keys
+        while todo:
             try:
-                i = own.popleft()
+                i = pop()
             except IndexError:  # taken meanwhile by another op
-                break
+                return False
             self._take(i)
             if len(keys) > had:
                 return True
-        for todo in self.source.todos:
-            while todo:  # another op's: from its end, the blocks that op reaches last
-                try:
-                    i = todo.pop()
-                except IndexError:
-                    break
-                self._take(i)
-                if len(keys) > had:
-                    return True
         return False
 
     def _publish(self, out: list[Any]) -> list[Any]:
