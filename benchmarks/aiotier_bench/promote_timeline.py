@@ -38,7 +38,7 @@ __all__ = ["main", "measure"]
 
 BATCH, BLOCKS, BLOCK = 64, 1024, 256 * 1024
 _now = time.perf_counter
-#: Marks of one run: (what, time); "op" marks carry their start and end.
+#: Marks of one run: (what, start, end); a "submit" mark has no end (0.0).
 _Marks = list[tuple[str, float, float]]
 
 

@@ -189,13 +189,13 @@ class SlotReads(SlotOp):
 
     The op reads the positions of its batch (:class:`SlotSource`) queued in :attr:`todo`; once
     they run out, it takes the last ones queued for the batch's other ops (the
-    :attr:`SlotSource.todos`), so the threads of a batch end within a block of each other
-    however unevenly they run. Its thread works out each block's file, offset and length just
-    before reading it (:meth:`_take`), so the loop makes no pass per block for it. :meth:`start`
-    takes what the page cache holds (``RWF_NOWAIT``); blocks that would wait for the disk are
-    advised ``WILLNEED`` together and read by :meth:`complete`, so one cold block never holds
-    up the warm ones. Each answer goes to the batch's ``out`` at its position, from the thread;
-    the outcome is the op's own list (per block read, its length or the exception;
+    :attr:`SlotSource.todos`), so the threads of a batch end within a block or two of each
+    other however unevenly they run. Its thread works out each block's file, offset and length
+    just before reading it (:meth:`_take`), so the loop makes no pass per block for it.
+    :meth:`start` takes what the page cache holds (``RWF_NOWAIT``); blocks that would wait for
+    the disk are advised ``WILLNEED`` together and read by :meth:`complete`, so one cold block
+    never holds up the warm ones. Each answer goes to the batch's ``out`` at its position, from
+    the thread; the outcome is the op's own list (per block read, its length or the exception;
     :attr:`failed` when any is an exception).
     """
 
