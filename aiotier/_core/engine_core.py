@@ -98,7 +98,9 @@ class EngineCore:
         self.totals = TotalStats()
         self.events: deque[BlockEvent] = deque(maxlen=MAX_EVENTS)
         self.requests = RequestBook()
-        share = PromotionShare(math.ceil(max_promotion_share * arena.num_blocks), table.state)
+        share = PromotionShare(
+            math.ceil(max_promotion_share * arena.num_blocks), table.state, table.step_holds
+        )
         self.pins = PinLedger(table, pin_steps, share)
         self.inflight = InflightTable(self.stats)
         self.coherence = Coherence(
@@ -386,6 +388,7 @@ class EngineCore:
         elif st == PENDING:
             self.inflight.store_deadline.pop(slot, None)
         self.table.detach(slot)
+        self.pins.drop_step_hold(slot)
         self.settle(k)
 
     def delete(self, k: bytes, done: Sequence[Callable[[bool], None]]) -> bool:

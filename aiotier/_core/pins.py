@@ -4,7 +4,7 @@ Four kinds of pins keep a block from being evicted or reused:
 
 - a **RETRY pin**: a request got RETRY for a promotion; the promoted block waits for it until
   it loads the block (``complete_load``), finishes, or ``pin_steps`` steps pass. Anonymous
-  lookups hold theirs until the next step boundary.
+  lookups hold theirs until the next step boundary (the table's step holds).
 - a **load pin**: ``prepare_load`` until ``complete_load``.
 - a **store pin**: ``prepare_store`` until ``complete_store`` (the storer holds a writable view).
 - a **read pin**: a promotion's own, until its read stops writing into the slot (kept by the
@@ -35,17 +35,20 @@ class PromotionShare:
     while its read is in flight or a RETRY pin holds it, so promotions for queued requests
     cannot fill the slots the running requests store into.
 
-    Reads are counted per batch (:meth:`reserve`, :meth:`read_stopped`); RETRY pins per slot.
-    RETRY pins are only taken on slots whose read is in flight (PROMOTING): a slot whose read
-    stopped while RETRY pins still held it counts on its own until the last of them goes.
+    Reads are counted per batch (:meth:`reserve`, :meth:`read_stopped`); requests' RETRY pins
+    per slot; anonymous callers' RETRY pins are the table's step holds (one per slot), read
+    from its set. RETRY pins are only taken on slots whose read is in flight (PROMOTING): a
+    slot whose read stopped while RETRY pins still held it counts on its own until the last of
+    them goes.
     """
 
-    __slots__ = ("_held", "_reading", "_retry", "_state", "limit")
+    __slots__ = ("_held", "_holds", "_reading", "_retry", "_state", "limit")
 
-    def __init__(self, limit: int, state: list[int]) -> None:
+    def __init__(self, limit: int, state: list[int], holds: set[int]) -> None:
         self.limit = limit
         self._state = state  # the table's slot states
-        self._retry = [0] * len(state)  # per slot: RETRY pins on it
+        self._holds = holds  # the table's step holds: anonymous RETRY pins
+        self._retry = [0] * len(state)  # per slot: requests' RETRY pins on it
         self._reading = 0  # slots whose promotion read has not stopped
         self._held = 0  # slots whose read stopped, still held by RETRY pins
 
@@ -64,32 +67,57 @@ class PromotionShare:
         """The reads into ``slots`` stopped (landed or not): a slot still held by RETRY pins
         now counts on its own."""
         self._reading -= len(slots)
-        if slots:
+        if not slots:
+            return
+        holds = self._holds
+        if not holds or holds.isdisjoint(slots):
             self._held += len(slots) - gather(self._retry, slots).count(0)
+        elif holds.issuperset(slots):
+            self._held += len(slots)
+        else:
+            retry = self._retry
+            self._held += sum(1 for s in slots if retry[s] or s in holds)
 
     def take(self, slots: Iterable[int]) -> None:
-        """A RETRY pin on each of ``slots`` (all promoting: their reads count them already)."""
+        """A request's RETRY pin on each of ``slots`` (all promoting: their reads count them
+        already)."""
         retry = self._retry
         for slot in slots:
             retry[slot] += 1
 
     def give_back(self, slots: Iterable[int]) -> None:
-        """A RETRY pin on each of ``slots`` lets go (a slot with none is left as it is)."""
-        retry, state = self._retry, self._state
+        """A request's RETRY pin on each of ``slots`` lets go (a slot with none is left as it
+        is)."""
+        retry, state, holds = self._retry, self._state, self._holds
         gone = 0
         for slot in slots:
             n = retry[slot]
             if n:
                 retry[slot] = n - 1
-                if n == 1 and state[slot] != PROMOTING:
+                if n == 1 and state[slot] != PROMOTING and slot not in holds:
                     gone += 1
         self._held -= gone
+
+    def hold_dropping(self, slot: int) -> None:
+        """The step hold on ``slot`` is about to go (before the table drops it)."""
+        if not self._retry[slot] and self._state[slot] != PROMOTING:
+            self._held -= 1
+
+    def holds_ending(self) -> None:
+        """Every step hold is about to go (before the table drops them)."""
+        holds = list(self._holds)
+        n = len(holds)
+        if gather(self._retry, holds).count(0) == n:  # the usual case: no request pins them
+            self._held -= n - gather(self._state, holds).count(PROMOTING)
+        else:
+            retry, state = self._retry, self._state
+            self._held -= sum(1 for s in holds if not retry[s] and state[s] != PROMOTING)
 
 
 class PinLedger:
     """Pins taken on behalf of requests (and of anonymous calls), and their release."""
 
-    __slots__ = ("_anon_retry", "_expiry", "_table", "pin_steps", "share", "step")
+    __slots__ = ("_expiry", "_table", "pin_steps", "share", "step")
 
     def __init__(self, table: BlockTable, pin_steps: int, share: PromotionShare) -> None:
         self._table = table
@@ -98,7 +126,6 @@ class PinLedger:
         self.step = 0
         #: RETRY pins count against the promotion share while they hold a block
         self.share = share
-        self._anon_retry: dict[bytes, int] = {}  # anonymous RETRY pins, dropped at end_step
         # (step at which they expire, request, keys, slots) of RETRY pins taken together
         self._expiry: deque[tuple[int, RequestState, list[bytes], list[int]]] = deque()
 
@@ -107,26 +134,14 @@ class PinLedger:
     def hold_retry(
         self, rs: RequestState | None, keys: list[bytes], slots: list[int]
     ) -> bool:
-        """Pin promoting blocks for the caller that got RETRY for them (once per caller and
-        key). Returns True when a request (not an anonymous call) took a new pin: it is then
-        one of the blocks' holders, whose pins go if a promotion fails."""
-        pins = self._table.pins
-        if rs is None:
-            anon = self._anon_retry
-            if anon.keys().isdisjoint(keys) and len(set(slots)) == len(slots):
-                anon.update(zip(keys, slots, strict=True))  # the usual case: all new
-                for slot in slots:
-                    pins[slot] += 1
-                self.share.take(slots)
-                return False
-            taken = []
-            for k, slot in zip(keys, slots, strict=True):
-                if k not in anon:
-                    anon[k] = slot
-                    pins[slot] += 1
-                    taken.append(slot)
-            self.share.take(taken)
+        """Pin promoting blocks for the caller that got RETRY for them: once per request and
+        key, or for anonymous callers once per slot until the step boundary. Returns True when
+        a request took a new pin: it is then one of the blocks' holders, whose pins go if a
+        promotion fails."""
+        if rs is None:  # held until the step boundary: the table's step holds
+            self._table.hold_until_step(slots)
             return False
+        pins = self._table.pins
         held = rs.promo_pins
         fresh = dict(zip(keys, slots, strict=True))  # a key named twice is pinned once
         for k in held.keys() & fresh.keys():
@@ -149,10 +164,14 @@ class PinLedger:
                 del holder.promo_pins[k]
                 unpin(slot)
                 self.share.give_back((slot,))
-        if self._anon_retry.get(k) == slot:
-            del self._anon_retry[k]
-            unpin(slot)
-            self.share.give_back((slot,))
+        self.drop_step_hold(slot)
+
+    def drop_step_hold(self, slot: int) -> None:
+        """An anonymous caller's hold on ``slot`` goes now: its promotion failed, or its block
+        was deleted or replaced (a key's block is held once, in its current slot)."""
+        if slot in self._table.step_holds:
+            self.share.hold_dropping(slot)
+            self._table.drop_step_hold(slot)
 
     def release_retry(self, rs: RequestState, k: bytes) -> None:
         slot = rs.promo_pins.pop(k, None)
@@ -178,11 +197,9 @@ class PinLedger:
             for k, slot in zip(keys, slots, strict=True):
                 if rs.promo_pins.get(k) == slot:
                     self.release_retry(rs, k)
-        anon = self._anon_retry
-        if anon:
-            self._table.unpin_many(anon.values())
-            self.share.give_back(anon.values())
-            anon.clear()
+        if self._table.step_holds:  # anonymous callers' RETRY pins
+            self.share.holds_ending()
+            self._table.end_step_holds()
 
     # -- load pins -----------------------------------------------------------------------------
 

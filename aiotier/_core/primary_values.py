@@ -75,7 +75,7 @@ class PrimaryValues:
         deadline (its bytes carry it too)."""
         table = self._table
         slot = table.index.get(k)
-        if slot is not None and table.state[slot] == READY and table.pins[slot] == 0:
+        if slot is not None and table.state[slot] == READY and not table.is_pinned(slot):
             self._arena.write(slot, data)  # in place: no new block requested
             table.touch(slot)
         else:

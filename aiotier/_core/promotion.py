@@ -229,7 +229,7 @@ class Promotions:
             scan.asked = [i for i in scan.open if coherence.may_read(ti, keys[i])]
         if scan.asked:
             scan.consulted = True
-        scan.asked_keys = [keys[i] for i in scan.asked]
+        scan.asked_keys = list(map(keys.__getitem__, scan.asked))
         return scan.asked_keys
 
     def answered(self, scan: LookupScan, ti: int, answers: Sequence[LookupResult] | None) -> None:

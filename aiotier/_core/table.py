@@ -83,9 +83,13 @@ NO_EVICTIONS: Final = Evictions((), (), ())
 class BlockTable:
     """Slot allocation, block states and pins for one primary arena.
 
-    ``index``, ``state``, ``pins`` and ``deadlines.at`` are read directly on hot paths; they are
-    never replaced, so an alias taken once stays valid. A slot's deadline (a block with a TTL)
-    goes when the slot is freed or reused.
+    ``index``, ``state``, ``pins``, ``step_holds`` and ``deadlines.at`` are read directly on hot
+    paths; they are never replaced, so an alias taken once stays valid. A slot's deadline (a
+    block with a TTL) goes when the slot is freed or reused.
+
+    A slot is pinned while its ``pins`` count is above zero or it is in ``step_holds``: the
+    holds that all go at the next step boundary (anonymous callers' RETRY pins), at most one per
+    slot, kept as a set so that taking and dropping a batch of them is one C-level call each.
     """
 
     __slots__ = (
@@ -98,6 +102,7 @@ class BlockTable:
         "pins",
         "policy",
         "state",
+        "step_holds",
     )
 
     def __init__(self, num_blocks: int, policy: EvictionPolicy) -> None:
@@ -105,13 +110,14 @@ class BlockTable:
         self.keys: list[bytes | None] = [None] * num_blocks
         self.state = [0] * num_blocks
         self.pins = [0] * num_blocks
+        self.step_holds: set[int] = set()
         # 1 when the slot's bytes are known to be in the first secondary tier unchanged, so a
         # write-back eviction can skip the write.
         self._clean = [0] * num_blocks
         self.free: list[int] = list(range(num_blocks - 1, -1, -1))
         self.policy = policy
         self.deadlines: Deadlines[int] = Deadlines()
-        self._evictable = _Evictable(self.state, self.pins, frozenset())
+        self._evictable = _Evictable(self.state, self.pins, self.step_holds, frozenset())
 
     def __len__(self) -> int:
         return len(self.index)
@@ -158,7 +164,12 @@ class BlockTable:
 
     def pinned(self) -> int:
         """How many slots hold at least one pin."""
-        return len(self.pins) - self.pins.count(0)
+        pins = self.pins
+        return len(pins) - pins.count(0) + sum(1 for s in self.step_holds if not pins[s])
+
+    def is_pinned(self, slot: int) -> bool:
+        """Whether a pin or a step hold keeps ``slot``."""
+        return self.pins[slot] > 0 or slot in self.step_holds
 
     # -- transitions ---------------------------------------------------------------------------
 
@@ -224,7 +235,7 @@ class BlockTable:
     def _evictable_except(self, protected: Iterable[int]) -> _Evictable:
         if not protected:
             return self._evictable  # (the common case: kept, not built per allocation)
-        return _Evictable(self.state, self.pins, frozenset(protected))
+        return _Evictable(self.state, self.pins, self.step_holds, frozenset(protected))
 
     def eviction_candidates(self, n: int, protected: Iterable[int] = ()) -> list[bytes]:
         """The keys :meth:`allocate` would evict now to place ``n`` more keys (maybe fewer)."""
@@ -329,7 +340,7 @@ class BlockTable:
 
     def detach(self, slot: int) -> None:
         """Take ``slot`` out of the index: freed now if unpinned, else when its last pin goes."""
-        if self.pins[slot] > 0:
+        if self.is_pinned(slot):
             k = self.keys[slot]
             if k is not None and self.index.get(k) == slot:
                 del self.index[k]
@@ -353,7 +364,7 @@ class BlockTable:
             if n < 0:
                 raise RuntimeError(f"slot {slot} unpinned more often than pinned")
             pins[slot] = n
-            if not n and states[slot] == ORPHAN:
+            if not n and states[slot] == ORPHAN and slot not in self.step_holds:
                 self.release(slot)
 
     def unpin(self, slot: int) -> None:
@@ -361,22 +372,54 @@ class BlockTable:
         if n < 0:
             raise RuntimeError(f"slot {slot} unpinned more often than pinned")
         self.pins[slot] = n
-        if n == 0 and self.state[slot] == ORPHAN:
+        if n == 0 and self.state[slot] == ORPHAN and slot not in self.step_holds:
+            self.release(slot)
+
+    def hold_until_step(self, slots: Iterable[int]) -> None:
+        """A hold on each of ``slots`` until the next step boundary (one per slot: a slot held
+        already stays held once)."""
+        self.step_holds.update(slots)
+
+    def drop_step_hold(self, slot: int) -> None:
+        """The hold on ``slot`` goes before the step boundary (an orphan goes with it if no
+        other pin holds it)."""
+        self.step_holds.discard(slot)
+        if self.state[slot] == ORPHAN and not self.pins[slot]:
+            self.release(slot)
+
+    def end_step_holds(self) -> None:
+        """The step boundary: every step hold goes (and the orphans no other pin holds)."""
+        holds = self.step_holds
+        orphans: list[int] = []
+        if holds and ORPHAN in gather(self.state, list(holds)):
+            pins, states = self.pins, self.state
+            orphans = [s for s in holds if states[s] == ORPHAN and not pins[s]]
+        holds.clear()
+        for slot in orphans:
             self.release(slot)
 
 
 class _Evictable:
-    """READY, unpinned and not protected: one slot by call, a run of them by ``all``."""
+    """READY, unpinned (no pin, no step hold) and not protected: one slot by call, a run of
+    them by ``all``."""
 
-    __slots__ = ("_guard", "_pins", "_states")
+    __slots__ = ("_guard", "_holds", "_pins", "_states")
 
-    def __init__(self, states: list[int], pins: list[int], guard: frozenset[int]) -> None:
+    def __init__(
+        self, states: list[int], pins: list[int], holds: set[int], guard: frozenset[int]
+    ) -> None:
         self._states = states
         self._pins = pins
+        self._holds = holds
         self._guard = guard
 
     def __call__(self, s: int) -> bool:
-        return self._states[s] == READY and self._pins[s] == 0 and s not in self._guard
+        return (
+            self._states[s] == READY
+            and self._pins[s] == 0
+            and s not in self._guard
+            and s not in self._holds
+        )
 
     def all(self, slots: Sequence[int]) -> bool:
         n = len(slots)
@@ -384,6 +427,7 @@ class _Evictable:
             gather(self._states, slots).count(READY) == n
             and gather(self._pins, slots).count(0) == n
             and self._guard.isdisjoint(slots)
+            and self._holds.isdisjoint(slots)
         )
 
     def among(self, slots: Sequence[int]) -> list[int]:
@@ -393,8 +437,13 @@ class _Evictable:
         ready = states.count(READY)
         if not ready:
             return []
-        pins, n, guard = gather(self._pins, slots), len(slots), self._guard
-        if ready == n and pins.count(0) == n and (not guard or guard.isdisjoint(slots)):
+        pins, n, guard, holds = gather(self._pins, slots), len(slots), self._guard, self._holds
+        if (
+            ready == n
+            and pins.count(0) == n
+            and (not guard or guard.isdisjoint(slots))
+            and (not holds or holds.isdisjoint(slots))
+        ):
             return list(slots)
         return [s for s, st, pn in zip(slots, states, pins, strict=True)
-                if st == READY and not pn and s not in guard]  # fmt: skip
+                if st == READY and not pn and s not in guard and s not in holds]  # fmt: skip

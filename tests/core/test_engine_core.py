@@ -235,6 +235,32 @@ def test_the_promotion_share_counts_reads_in_flight_and_landed_blocks_retry_pins
     assert len(share) == 0 and h.core.table.pinned() == 0
 
 
+def test_anonymous_holds_count_once_in_the_share_and_go_with_their_block() -> None:
+    h = Harness(num_blocks=8)
+    share, table = h.core.pins.share, h.core.table
+    _, (batch,) = h.lookup([b"a", b"b", b"c"], [HIT, HIT, HIT])  # anonymous: held to the step
+    h.lookup([b"a"], [HIT], req_id="r1")  # a request joins a: RETRY-pinned twice
+    h.lookup([b"a", b"b"], [HIT, HIT])  # anonymous again: no second hold
+    assert len(share) == 3 and table.pinned() == 3
+    h.core.promotions.completed([batch], Outcome.OK, [1, 1, 1])
+    assert len(share) == 3  # landed, not loaded: held
+    h.core.end_step(new=("r1",), finished=())
+    assert len(share) == 1 and table.pinned() == 1  # the holds went; r1 still pins a
+    h.core.end_step(new=(), finished=("r1",))
+    assert len(share) == 0 and table.pinned() == 0
+    # a failed read drops the anonymous hold at once: the slot goes back to the free list
+    _, (batch,) = h.lookup([b"d"], [HIT])
+    h.core.promotions.completed([batch], Outcome.ERROR)
+    assert len(share) == 0 and table.pinned() == 0 and b"d" not in table.index
+    # a deleted block's hold goes with it: its slot is free at once, not at the step boundary
+    _, (batch,) = h.lookup([b"e"], [HIT])
+    h.core.promotions.completed([batch], Outcome.OK, [1])
+    free = len(table.free)
+    assert len(share) == 1 and table.pinned() == 1
+    h.core.delete(b"e", [lambda _: None])
+    assert len(share) == 0 and table.pinned() == 0 and len(table.free) == free + 1
+
+
 def test_a_request_is_observed_at_the_step_that_admits_it() -> None:
     h = Harness()
     _, (batch,) = h.lookup([b"k"], [HIT], req_id="r1")
