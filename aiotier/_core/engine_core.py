@@ -387,8 +387,8 @@ class EngineCore:
             self.promotions.superseded(k, slot)
         elif st == PENDING:
             self.inflight.store_deadline.pop(slot, None)
-        self.table.detach(slot)
         self.pins.drop_step_hold(slot)
+        self.table.detach(slot)
         self.settle(k)
 
     def delete(self, k: bytes, done: Sequence[Callable[[bool], None]]) -> bool:

@@ -20,7 +20,7 @@ reset completes only those.
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import cast
 
 from .gather import gather
@@ -42,13 +42,14 @@ class PromotionShare:
     them goes.
     """
 
-    __slots__ = ("_held", "_holds", "_reading", "_retry", "_state", "limit")
+    __slots__ = ("_held", "_holds", "_reading", "_retry", "_retry_total", "_state", "limit")
 
     def __init__(self, limit: int, state: list[int], holds: set[int]) -> None:
         self.limit = limit
         self._state = state  # the table's slot states
         self._holds = holds  # the table's step holds: anonymous RETRY pins
         self._retry = [0] * len(state)  # per slot: requests' RETRY pins on it
+        self._retry_total = 0  # requests' RETRY pins on all slots
         self._reading = 0  # slots whose promotion read has not stopped
         self._held = 0  # slots whose read stopped, still held by RETRY pins
 
@@ -71,32 +72,47 @@ class PromotionShare:
             return
         holds = self._holds
         if not holds or holds.isdisjoint(slots):
-            self._held += len(slots) - gather(self._retry, slots).count(0)
+            if self._retry_total:
+                self._held += len(slots) - gather(self._retry, slots).count(0)
         elif holds.issuperset(slots):
             self._held += len(slots)
         else:
             retry = self._retry
             self._held += sum(1 for s in slots if retry[s] or s in holds)
 
-    def take(self, slots: Iterable[int]) -> None:
+    def take(self, slots: Sequence[int]) -> None:
         """A request's RETRY pin on each of ``slots`` (all promoting: their reads count them
         already)."""
         retry = self._retry
         for slot in slots:
             retry[slot] += 1
+        self._retry_total += len(slots)
 
-    def give_back(self, slots: Iterable[int]) -> None:
+    def give_back(self, slots: Collection[int]) -> None:
         """A request's RETRY pin on each of ``slots`` lets go (a slot with none is left as it
         is)."""
         retry, state, holds = self._retry, self._state, self._holds
-        gone = 0
-        for slot in slots:
-            n = retry[slot]
-            if n:
-                retry[slot] = n - 1
-                if n == 1 and state[slot] != PROMOTING and slot not in holds:
-                    gone += 1
+        gone = kept = 0
+        if not holds or holds.isdisjoint(slots):
+            for slot in slots:
+                n = retry[slot]
+                if n:
+                    retry[slot] = n - 1
+                    if n == 1 and state[slot] != PROMOTING:
+                        gone += 1
+                else:
+                    kept += 1
+        else:  # anonymous callers hold some of them too: those still count
+            for slot in slots:
+                n = retry[slot]
+                if n:
+                    retry[slot] = n - 1
+                    if n == 1 and state[slot] != PROMOTING and slot not in holds:
+                        gone += 1
+                else:
+                    kept += 1
         self._held -= gone
+        self._retry_total -= len(slots) - kept
 
     def hold_dropping(self, slot: int) -> None:
         """The step hold on ``slot`` is about to go (before the table drops it)."""
@@ -106,9 +122,8 @@ class PromotionShare:
     def holds_ending(self) -> None:
         """Every step hold is about to go (before the table drops them)."""
         holds = list(self._holds)
-        n = len(holds)
-        if gather(self._retry, holds).count(0) == n:  # the usual case: no request pins them
-            self._held -= n - gather(self._state, holds).count(PROMOTING)
+        if not self._retry_total:  # the usual case: no request pins any slot
+            self._held -= len(holds) - gather(self._state, holds).count(PROMOTING)
         else:
             retry, state = self._retry, self._state
             self._held -= sum(1 for s in holds if not retry[s] and state[s] != PROMOTING)
@@ -168,7 +183,8 @@ class PinLedger:
 
     def drop_step_hold(self, slot: int) -> None:
         """An anonymous caller's hold on ``slot`` goes now: its promotion failed, or its block
-        was deleted or replaced (a key's block is held once, in its current slot)."""
+        is about to be detached (deleted or replaced: :meth:`BlockTable.detach` drops the hold,
+        this counts it out of the share first)."""
         if slot in self._table.step_holds:
             self.share.hold_dropping(slot)
             self._table.drop_step_hold(slot)

@@ -89,7 +89,9 @@ class BlockTable:
 
     A slot is pinned while its ``pins`` count is above zero or it is in ``step_holds``: the
     holds that all go at the next step boundary (anonymous callers' RETRY pins), at most one per
-    slot, kept as a set so that taking and dropping a batch of them is one C-level call each.
+    slot, kept as a set so that taking and dropping a batch of them is one C-level call each. A
+    hold keeps a block for a caller coming back to load it by key: detaching the block drops its
+    hold, so an orphan is never held.
     """
 
     __slots__ = (
@@ -163,7 +165,7 @@ class BlockTable:
         return bool(self._clean[slot])
 
     def pinned(self) -> int:
-        """How many slots hold at least one pin."""
+        """How many slots hold at least one pin (or a step hold)."""
         pins = self.pins
         return len(pins) - pins.count(0) + sum(1 for s in self.step_holds if not pins[s])
 
@@ -339,8 +341,10 @@ class BlockTable:
         self.free.append(slot)
 
     def detach(self, slot: int) -> None:
-        """Take ``slot`` out of the index: freed now if unpinned, else when its last pin goes."""
-        if self.is_pinned(slot):
+        """Take ``slot`` out of the index, and its step hold with it: freed now if unpinned,
+        else when its last pin goes."""
+        self.step_holds.discard(slot)
+        if self.pins[slot] > 0:
             k = self.keys[slot]
             if k is not None and self.index.get(k) == slot:
                 del self.index[k]
@@ -364,7 +368,7 @@ class BlockTable:
             if n < 0:
                 raise RuntimeError(f"slot {slot} unpinned more often than pinned")
             pins[slot] = n
-            if not n and states[slot] == ORPHAN and slot not in self.step_holds:
+            if not n and states[slot] == ORPHAN:
                 self.release(slot)
 
     def unpin(self, slot: int) -> None:
@@ -372,7 +376,7 @@ class BlockTable:
         if n < 0:
             raise RuntimeError(f"slot {slot} unpinned more often than pinned")
         self.pins[slot] = n
-        if n == 0 and self.state[slot] == ORPHAN and slot not in self.step_holds:
+        if n == 0 and self.state[slot] == ORPHAN:
             self.release(slot)
 
     def hold_until_step(self, slots: Iterable[int]) -> None:
@@ -381,22 +385,12 @@ class BlockTable:
         self.step_holds.update(slots)
 
     def drop_step_hold(self, slot: int) -> None:
-        """The hold on ``slot`` goes before the step boundary (an orphan goes with it if no
-        other pin holds it)."""
+        """The hold on ``slot`` goes before the step boundary."""
         self.step_holds.discard(slot)
-        if self.state[slot] == ORPHAN and not self.pins[slot]:
-            self.release(slot)
 
     def end_step_holds(self) -> None:
-        """The step boundary: every step hold goes (and the orphans no other pin holds)."""
-        holds = self.step_holds
-        orphans: list[int] = []
-        if holds and ORPHAN in gather(self.state, list(holds)):
-            pins, states = self.pins, self.state
-            orphans = [s for s in holds if states[s] == ORPHAN and not pins[s]]
-        holds.clear()
-        for slot in orphans:
-            self.release(slot)
+        """The step boundary: every step hold goes (none is on an orphan: :meth:`detach`)."""
+        self.step_holds.clear()
 
 
 class _Evictable:

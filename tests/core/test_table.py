@@ -68,25 +68,26 @@ def test_detach_of_a_pinned_block_waits_for_the_last_unpin() -> None:
         t.unpin(a)
 
 
-def test_a_step_hold_pins_a_slot_once_until_the_step_boundary() -> None:
-    t = table(3)
-    a, b, c = ready(t, [b"a", b"b", b"c"])
-    t.hold_until_step([a, b])
+def test_a_step_hold_pins_a_slot_once_until_the_step_boundary_or_its_detach() -> None:
+    t = table(4)
+    a, b, c, d = ready(t, [b"a", b"b", b"c", b"d"])
+    t.hold_until_step([a, b, c])
     t.hold_until_step([a])  # held already: still one hold
-    assert t.pinned() == 2 and t.is_pinned(a) and not t.is_pinned(c)
+    assert t.pinned() == 3 and t.is_pinned(a) and not t.is_pinned(d)
     got = t.allocate([b"x"], READY)
-    assert got is not None and list(got[1].keys) == [b"c"]  # the held ones are not victims
+    assert got is not None and list(got[1].keys) == [b"d"]  # the held ones are not victims
     assert t.allocate([b"y", b"z"], READY) is None  # x is the only one left to evict
     t.pin(a)
-    t.detach(a)
-    t.detach(b)
-    assert t.state[a] == t.state[b] == ORPHAN  # held: freed when the last pin or hold goes
+    t.detach(a)  # the hold goes with the block (nothing to load by key): the pin keeps it
+    assert t.state[a] == ORPHAN and a not in t.step_holds
     t.unpin(a)
-    assert t.state[a] == ORPHAN  # the hold still keeps it
-    t.drop_step_hold(b)
-    assert t.state[b] == FREE and b in t.free
-    t.end_step_holds()
     assert t.state[a] == FREE and a in t.free
+    t.detach(b)  # held only: freed at once
+    assert t.state[b] == FREE and b in t.free
+    t.drop_step_hold(c)
+    assert not t.is_pinned(c)
+    t.hold_until_step([c])
+    t.end_step_holds()
     assert t.pinned() == 0 and not t.step_holds
 
 
