@@ -75,7 +75,12 @@ class PrimaryValues:
         deadline (its bytes carry it too)."""
         table = self._table
         slot = table.index.get(k)
-        if slot is not None and table.state[slot] == READY and not table.is_pinned(slot):
+        if (
+            slot is not None
+            and table.state[slot] == READY
+            and table.pins[slot] == 0
+            and slot not in table.step_holds
+        ):
             self._arena.write(slot, data)  # in place: no new block requested
             table.touch(slot)
         else:

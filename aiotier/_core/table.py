@@ -169,10 +169,6 @@ class BlockTable:
         pins = self.pins
         return len(pins) - pins.count(0) + sum(1 for s in self.step_holds if not pins[s])
 
-    def is_pinned(self, slot: int) -> bool:
-        """Whether a pin or a step hold keeps ``slot``."""
-        return self.pins[slot] > 0 or slot in self.step_holds
-
     # -- transitions ---------------------------------------------------------------------------
 
     def allocate(

@@ -70,10 +70,10 @@ def test_detach_of_a_pinned_block_waits_for_the_last_unpin() -> None:
 
 def test_a_step_hold_pins_a_slot_once_until_the_step_boundary_or_its_detach() -> None:
     t = table(4)
-    a, b, c, d = ready(t, [b"a", b"b", b"c", b"d"])
+    a, b, c, _d = ready(t, [b"a", b"b", b"c", b"d"])
     t.hold_until_step([a, b, c])
     t.hold_until_step([a])  # held already: still one hold
-    assert t.pinned() == 3 and t.is_pinned(a) and not t.is_pinned(d)
+    assert t.pinned() == 3 and t.step_holds == {a, b, c}
     got = t.allocate([b"x"], READY)
     assert got is not None and list(got[1].keys) == [b"d"]  # the held ones are not victims
     assert t.allocate([b"y", b"z"], READY) is None  # x is the only one left to evict
@@ -85,7 +85,7 @@ def test_a_step_hold_pins_a_slot_once_until_the_step_boundary_or_its_detach() ->
     t.detach(b)  # held only: freed at once
     assert t.state[b] == FREE and b in t.free
     t.drop_step_hold(c)
-    assert not t.is_pinned(c)
+    assert not t.step_holds and t.pinned() == 0
     t.hold_until_step([c])
     t.end_step_holds()
     assert t.pinned() == 0 and not t.step_holds
