@@ -19,11 +19,12 @@ async def test_the_timeline_reports_each_phase_and_unwraps_the_plumbing(tmp_path
     phases = (
         "lookup", "to_first_submit", "to_first_thread", "last_op_starts_after", "threads_reading",
         "ops_end_apart", "to_loop", "landing", "to_caller", "end_step", "batch", "serial",
-        "same_work_all_cpus_batch",
+        "same_work_all_cpus_batch", "cpu_engine", "cpu_loop_thread", "cpu_same_work_all_cpus",
     )  # fmt: skip
     assert tuple(figures) == phases
     assert all(v >= 0 for v in figures.values())
     assert figures["batch"] >= figures["threads_reading"] + figures["lookup"]
+    assert figures["cpu_engine"] >= figures["cpu_loop_thread"] > 0
     assert os.listdir(tmp_path) == []  # its tier's directory removed
 
 

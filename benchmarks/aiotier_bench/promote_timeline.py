@@ -12,6 +12,11 @@ caller's wake-up; ``end_step``. The same process alternates those rounds with th
 split over one thread per CPU (``ssd_promote``'s ``same_work_all_cpus``), so the batch's
 serial share (everything outside the threads' reading) shows beside its ceiling. Medians
 over the batches of ``--rounds`` rounds, in µs.
+
+Beside the phases, the CPU each round used per batch (``time.process_time``: every thread of
+the process, the kernel's time on their behalf included): the engine's, its event loop
+thread's alone, and ``same_work_all_cpus``'s. The engine's CPU spread over every CPU is the
+least its batch can take however well its phases overlap: the ratio's bound on this machine.
 """
 
 from __future__ import annotations
@@ -171,18 +176,30 @@ async def measure(
 
         phases: list[dict[str, float]] = []
         same_work: list[float] = []
+        cpu: dict[str, list[float]] = {"engine": [], "loop": [], "same_work": []}
+        per_batch = 1e6 * BATCH / blocks  # seconds per round to µs per batch
         async with engine:
             for r in range(rounds + 1):
                 gc.collect()
                 marks.clear()
+                c0, t0 = time.process_time(), time.thread_time()
                 batches = await engine_round()
+                c1, t1 = time.process_time(), time.thread_time()
                 gc.collect()
+                c2 = time.process_time()
                 sw = same_work_round()
+                c3 = time.process_time()
                 if r:  # the first round warms up
                     phases += [p for b in batches if (p := _phases(b, marks)) is not None]
                     same_work += sw
+                    cpu["engine"].append((c1 - c0) * per_batch)
+                    cpu["loop"].append((t1 - t0) * per_batch)
+                    cpu["same_work"].append((c3 - c2) * per_batch)
         figures = {name: statistics.median(p[name] for p in phases) for name in phases[0]}
         figures["same_work_all_cpus_batch"] = statistics.median(same_work)
+        figures["cpu_engine"] = statistics.median(cpu["engine"])
+        figures["cpu_loop_thread"] = statistics.median(cpu["loop"])
+        figures["cpu_same_work_all_cpus"] = statistics.median(cpu["same_work"])
         return figures
     finally:
         undo()
@@ -204,6 +221,10 @@ def main(argv: list[str] | None = None) -> None:
     ceiling = figures["same_work_all_cpus_batch"]
     print(f"  batch / same_work_all_cpus: {ceiling / figures['batch']:.3f}"
           f" (threads' reading alone: {ceiling / figures['threads_reading']:.3f})")  # fmt: skip
+    cpus = os.cpu_count() or 1
+    least = figures["cpu_engine"] / cpus
+    print(f"  the engine's CPU per batch over {cpus} CPUs, {least:.0f} µs, bounds the ratio even"
+          f" with every phase overlapped: {ceiling / least:.3f}")  # fmt: skip
 
 
 if __name__ == "__main__":
