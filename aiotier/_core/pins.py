@@ -29,6 +29,8 @@ from .table import PROMOTING, BlockTable
 
 __all__ = ["PinLedger", "PromotionShare"]
 
+_NONE: frozenset[int] = frozenset()
+
 
 class PromotionShare:
     """Primary slots taken by promoted blocks that no request has loaded yet: a block counts
@@ -91,26 +93,18 @@ class PromotionShare:
     def give_back(self, slots: Collection[int]) -> None:
         """A request's RETRY pin on each of ``slots`` lets go (a slot with none is left as it
         is)."""
-        retry, state, holds = self._retry, self._state, self._holds
+        retry, state = self._retry, self._state
+        # a slot an anonymous caller holds too still counts
+        holds = self._holds if self._holds and not self._holds.isdisjoint(slots) else _NONE
         gone = kept = 0
-        if not holds or holds.isdisjoint(slots):
-            for slot in slots:
-                n = retry[slot]
-                if n:
-                    retry[slot] = n - 1
-                    if n == 1 and state[slot] != PROMOTING:
-                        gone += 1
-                else:
-                    kept += 1
-        else:  # anonymous callers hold some of them too: those still count
-            for slot in slots:
-                n = retry[slot]
-                if n:
-                    retry[slot] = n - 1
-                    if n == 1 and state[slot] != PROMOTING and slot not in holds:
-                        gone += 1
-                else:
-                    kept += 1
+        for slot in slots:
+            n = retry[slot]
+            if n:
+                retry[slot] = n - 1
+                if n == 1 and state[slot] != PROMOTING and slot not in holds:
+                    gone += 1
+            else:
+                kept += 1
         self._held -= gone
         self._retry_total -= len(slots) - kept
 

@@ -222,15 +222,12 @@ class BlockTable:
         # free slots and evicted ones have no pins: only the owner, state and flag change
         index.update(zip(keys, slots, strict=True))
         st = int(state)  # a plain int in the list, never an IntEnum member
-        if st == READY:
-            for k, s in zip(keys, slots, strict=True):
-                owners[s] = k
-                states[s] = st
+        for k, s in zip(keys, slots, strict=True):
+            owners[s] = k
+            states[s] = st
+        if st == READY:  # (a pending or promoting block's flag is set when it becomes READY)
+            for s in slots:
                 clean[s] = 0
-        else:  # pending or promoting: the flag is set when the block becomes READY
-            for k, s in zip(keys, slots, strict=True):
-                owners[s] = k
-                states[s] = st
         if not recycled:
             self.policy.insert_many(slots, keys)
         return slots, evicted
