@@ -34,5 +34,7 @@ fi
 
 .venv/bin/ruff check .
 .venv/bin/mypy --strict aiotier benchmarks/aiotier_bench
-NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
+site=$(mktemp -d)
+trap 'rm -rf "$site"' EXIT
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
 .venv/bin/python -m pytest "$@"

@@ -131,7 +131,7 @@ class SeaweedFS:
         self.datadir.mkdir(parents=True, exist_ok=True)
         self._write_identities()
         args = [
-            self.exe, "mini",
+            self.exe, f"-logdir={self.workdir}", "mini",  # glog's files beside weed.log, not in /tmp
             f"-dir={self.datadir}",
             "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             "-master.telemetry=false",  # no traffic leaves the machine
