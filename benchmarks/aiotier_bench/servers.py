@@ -130,14 +130,17 @@ class SeaweedFS:
             return self
         self.datadir.mkdir(parents=True, exist_ok=True)
         self._write_identities()
+        # -logdir: glog's files go beside weed.log, not in /tmp
         args = [
-            self.exe, f"-logdir={self.workdir}", "mini",  # glog's files beside weed.log, not in /tmp
+            self.exe, f"-logdir={self.workdir}", "mini",
             f"-dir={self.datadir}",
             "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             "-master.telemetry=false",  # no traffic leaves the machine
             "-webdav=false", "-admin.ui=false",
             "-s3.port.iceberg=0", "-s3.port.lance=0",
             f"-s3.config={self.config_path}",
+            f"-filer.localSocket={self.workdir / 'filer.sock'}",
+            f"-s3.localSocket={self.workdir / 's3.sock'}",
             f"-bucket={BUCKET}",
             *(f"-{flag}={port}" for flag, port in self.ports.items()),
         ]  # fmt: skip
@@ -184,13 +187,20 @@ class SeaweedFS:
 
     def kill(self) -> None:
         """SIGKILL the server (a crash: no goodbye to its clients) and reap it."""
-        proc, self.proc = self.proc, None
-        reap(proc, signal.SIGKILL)
+        self._end(signal.SIGKILL)
 
     def stop(self) -> None:
         """SIGTERM the server and reap it (SIGKILL if it lingers)."""
+        self._end(signal.SIGTERM)
+
+    def _end(self, sig: int) -> None:
+        """Reap the process, then remove the gRPC sockets ``weed`` always makes in /tmp
+        (``seaweedfs-<service>-grpc-<port>.sock``), which outlive it."""
         proc, self.proc = self.proc, None
-        reap(proc, signal.SIGTERM)
+        reap(proc, sig)
+        for port in self.ports.values():
+            for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
+                sock.unlink(missing_ok=True)
 
     def restart(self) -> SeaweedFS:
         """Kill, then start again on the same ports and data directory (objects survive)."""
