@@ -56,6 +56,11 @@ pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
 echo "== vllm_ci: installed in $((SECONDS - started)) s"
 
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 AIOTIER_TEST_VLLM=required
+# vLLM's engine processes talk over ZMQ sockets it names in this directory (default /tmp, where
+# they stay after the run)
+VLLM_RPC_BASE_PATH=$(mktemp -d)
+export VLLM_RPC_BASE_PATH
+trap 'rm -rf "$VLLM_RPC_BASE_PATH"' EXIT
 # every test that needs vLLM: the spec and the real runs, vLLM's own manager tests replayed
 # with vLLM's types and its own managers as the reference, and the trace bench's vLLM peer
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -s \
