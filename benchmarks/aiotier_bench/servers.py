@@ -139,8 +139,6 @@ class SeaweedFS:
             "-webdav=false", "-admin.ui=false",
             "-s3.port.iceberg=0", "-s3.port.lance=0",
             f"-s3.config={self.config_path}",
-            f"-filer.localSocket={self.workdir / 'filer.sock'}",
-            f"-s3.localSocket={self.workdir / 's3.sock'}",
             f"-bucket={BUCKET}",
             *(f"-{flag}={port}" for flag, port in self.ports.items()),
         ]  # fmt: skip
@@ -194,8 +192,9 @@ class SeaweedFS:
         self._end(signal.SIGTERM)
 
     def _end(self, sig: int) -> None:
-        """Reap the process, then remove the gRPC sockets ``weed`` always makes in /tmp
-        (``seaweedfs-<service>-grpc-<port>.sock``), which outlive it."""
+        """Reap the process, then remove the unix sockets ``weed`` makes in /tmp
+        (``seaweedfs-<service>-<port>.sock``), which outlive it. They stay in /tmp: a socket's
+        path is limited to ~100 bytes, which a long working directory would exceed."""
         proc, self.proc = self.proc, None
         reap(proc, sig)
         for port in self.ports.values():
